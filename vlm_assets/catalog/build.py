@@ -1,0 +1,146 @@
+"""Build one source's sample catalogue: every record becomes an ok row or a rejected row with a reason."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pandas as pd
+
+from vlm_assets.catalog.media import kind_from_name, open_media, sniff_extension
+from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
+from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
+from vlm_assets.catalog.sources import RawRecord, ResolvedMedia, read_source
+from vlm_assets.config import SourceConfig
+
+ProgressCallback = Callable[[int], None]
+
+
+class MediaValidator:
+    """Decodes each media file once to prove it is readable; results are cached per ref."""
+
+    def __init__(self) -> None:
+        self._errors: dict[str, str] = {}
+
+    def error_for(self, ref: str, kind: str) -> str:
+        if ref not in self._errors:
+            self._errors[ref] = _image_error(ref) if kind == "image" else _video_error(ref)
+        return self._errors[ref]
+
+
+def _image_error(ref: str) -> str:
+    from PIL import Image
+
+    try:
+        with open_media(ref) as handle, Image.open(handle) as image:
+            image.load()
+    except Exception as error:  # Pillow raises many types for bad data
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
+def _video_error(ref: str) -> str:
+    import av
+
+    try:
+        with open_media(ref) as handle, av.open(handle) as container:
+            if not container.streams.video:
+                return "no video stream"
+            if next(container.decode(container.streams.video[0]), None) is None:
+                return "no decodable video frame"
+    except Exception as error:  # PyAV raises FFmpeg errors of many types
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
+def _kind_of(item: MediaItem, resolved: ResolvedMedia) -> str:
+    if item.kind:
+        return item.kind
+    kind = kind_from_name(resolved.name)
+    if kind:
+        return kind
+    with open_media(resolved.ref) as handle:
+        sniffed = sniff_extension(handle.read(64))
+    kind = kind_from_name(f"x.{sniffed}") if sniffed else None
+    if kind is None:
+        raise SampleError(f"cannot tell whether media {resolved.name!r} is an image or a video")
+    return kind
+
+
+def _catalog_row(raw: RawRecord, text_key: str, validator: MediaValidator) -> dict:
+    stem_media: dict[str, ResolvedMedia] = {}
+
+    def fallback() -> list[MediaItem]:
+        for resolved in raw.resolver.same_stem_media():
+            stem_media[resolved.name] = resolved
+        return [MediaItem(kind_from_name(name) or "", name) for name in stem_media]
+
+    sample: NormalizedSample = normalize_record(raw.record, text_key, fallback)
+    resolved = [stem_media.get(item.name) or raw.resolver.resolve(item.name) for item in sample.media]
+    kinds = [_kind_of(item, media) for item, media in zip(sample.media, resolved)]
+    if any(not item.kind for item in sample.media):
+        sample = finalize_untyped(sample, kinds)
+    for kind, media in zip(kinds, resolved):
+        error = validator.error_for(media.ref, kind)
+        if error:
+            raise SampleError(f"unreadable {kind} {media.name!r} ({media.ref}): {error}")
+    return {
+        "status": STATUS_OK,
+        "reason": "",
+        "messages": json.dumps(sample.messages, ensure_ascii=False),
+        "n_turns": sample.n_turns,
+        "media_files": [media.name for media in resolved],
+        "media_kinds": kinds,
+        "media_refs": [media.ref for media in resolved],
+        "media_keys": [media.key for media in resolved],
+        "media_type": media_type_of(kinds),
+    }
+
+
+def _rejected(reason: str) -> dict:
+    return {
+        "status": STATUS_REJECTED,
+        "reason": reason,
+        "messages": "[]",
+        "n_turns": 0,
+        "media_files": [],
+        "media_kinds": [],
+        "media_refs": [],
+        "media_keys": [],
+        "media_type": "text",
+    }
+
+
+def iter_catalog_rows(source: SourceConfig, text_key: str) -> Iterator[dict]:
+    validator = MediaValidator()
+    seen: set[str] = set()
+    for raw in read_source(source):
+        if raw.error:
+            row = _rejected(raw.error)
+        else:
+            try:
+                row = _catalog_row(raw, text_key, validator)
+            except SampleError as error:
+                row = _rejected(f"{error} [{raw.origin}]")
+        if raw.sample_id in seen:
+            row = _rejected(f"duplicate sample id {raw.sample_id!r} [{raw.origin}]")
+            raw.sample_id = f"{raw.sample_id}#dup{len(seen)}"
+        seen.add(raw.sample_id)
+        yield {"sample_id": raw.sample_id, "source": source.name, "origin": raw.origin, **row}
+
+
+def build_catalog(source: SourceConfig, text_key: str = "messages", progress: ProgressCallback | None = None) -> pd.DataFrame:
+    rows = []
+    for index, row in enumerate(iter_catalog_rows(source, text_key), start=1):
+        rows.append(row)
+        if progress and index % 1000 == 0:
+            progress(index)
+    return pd.DataFrame(rows, columns=list(CATALOG_COLUMNS))
+
+
+def read_catalog(path: Path) -> pd.DataFrame:
+    frame = pd.read_parquet(path)
+    for column in ("media_files", "media_kinds", "media_refs", "media_keys"):
+        frame[column] = frame[column].map(list)
+    return frame

@@ -1,0 +1,111 @@
+"""Media references: a string that says where one media file's bytes are.
+
+A plain file is its absolute path. A member of a WebDataset tar (read in place,
+never unpacked) is ``tar:<offset>:<size>:<absolute tar path>`` so its bytes can
+be read with a single seek.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import BinaryIO
+
+TAR_PREFIX = "tar:"
+
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"})
+VIDEO_EXTENSIONS = frozenset({"mp4", "avi", "mkv", "mov", "webm", "m4v", "mpg", "mpeg", "flv", "ts", "3gp"})
+
+
+def tar_member_ref(tar_path: Path, offset: int, size: int) -> str:
+    return f"{TAR_PREFIX}{offset}:{size}:{tar_path.resolve()}"
+
+
+def is_tar_ref(ref: str) -> bool:
+    return ref.startswith(TAR_PREFIX)
+
+
+def _parse_tar_ref(ref: str) -> tuple[int, int, str]:
+    offset, size, path = ref[len(TAR_PREFIX):].split(":", 2)
+    return int(offset), int(size), path
+
+
+def read_media_bytes(ref: str) -> bytes:
+    if is_tar_ref(ref):
+        offset, size, path = _parse_tar_ref(ref)
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read(size)
+        if len(data) != size:
+            raise OSError(f"{path}: tar member at offset {offset} is truncated ({len(data)} of {size} bytes)")
+        return data
+    return Path(ref).read_bytes()
+
+
+def open_media(ref: str) -> BinaryIO:
+    """A readable, seekable binary file for the media (for PIL / PyAV)."""
+    if is_tar_ref(ref):
+        return io.BytesIO(read_media_bytes(ref))
+    return open(ref, "rb")
+
+
+def media_size(ref: str) -> int:
+    if is_tar_ref(ref):
+        return _parse_tar_ref(ref)[1]
+    return Path(ref).stat().st_size
+
+
+def describe_ref(ref: str) -> str:
+    """Human-readable location for error messages."""
+    if is_tar_ref(ref):
+        offset, _size, path = _parse_tar_ref(ref)
+        return f"{path}@{offset}"
+    return ref
+
+
+def sniff_extension(head: bytes) -> str | None:
+    """File extension implied by the content's magic bytes (None when unknown)."""
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
+        return "avi"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if head[:2] == b"BM":
+        return "bmp"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tif"
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        return "mov" if brand == b"qt  " else "mp4"
+    if head[:4] == b"\x1a\x45\xdf\xa3":
+        return "webm" if b"webm" in head[:64] else "mkv"
+    if head[:4] == b"\x00\x00\x01\xba":
+        return "mpg"
+    if head[:3] == b"FLV":
+        return "flv"
+    return None
+
+
+def media_extension(ref: str, name: str) -> str:
+    """Extension for a media file: from its content, else from its name, else 'bin'."""
+    with open_media(ref) as handle:
+        head = handle.read(64)
+    sniffed = sniff_extension(head)
+    if sniffed:
+        return sniffed
+    suffix = Path(name).suffix.lower().lstrip(".")
+    return suffix if suffix.isalnum() and suffix else "bin"
+
+
+def kind_from_name(name: str) -> str | None:
+    suffix = Path(name).suffix.lower().lstrip(".")
+    if suffix in IMAGE_EXTENSIONS:
+        return "image"
+    if suffix in VIDEO_EXTENSIONS:
+        return "video"
+    return None

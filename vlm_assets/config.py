@@ -1,0 +1,301 @@
+"""The one YAML file a user edits, loaded and validated into typed settings.
+
+Every error names the file and the dotted key that is wrong, so a typo never
+surfaces later as a confusing failure deep inside a run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_ENV_VAR = "VLM_ASSETS_CONFIG"
+SOURCE_KINDS = ("flat_dir", "jsonl", "wds")
+SAMPLE_TYPES = ("packed_captioning", "packed_vqa", "packed_multi_mix_qa")
+PACKING_ALGORITHMS = ("best_fit_decreasing",)
+COMPRESSIONS = ("gzip", "zstd")
+PACKAGE_PARTS = ("packed_wds", "frame_cache")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the file and key it concerns."""
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    name: str
+    kind: str
+    path: Path
+    media_root: Path
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str = "qwen2_vl"
+    processor: str = "embedded"
+    processor_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    sample_type: str = "packed_multi_mix_qa"
+    max_token_len: int = 8192
+    text_key: str = "messages"
+
+
+@dataclass(frozen=True)
+class PackingConfig:
+    algorithm: str = "best_fit_decreasing"
+    min_fill_ratio: float = 0.9
+
+
+@dataclass(frozen=True)
+class WdsConfig:
+    maxcount: int = 10000
+    maxsize: int = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class FrameCacheConfig:
+    num_frames: int = 64
+    frame_size: int = 384
+    rows: int = 4
+    cols: int = 16
+    jpeg_quality: int = 95
+    videos_per_shard: int = 256
+
+
+@dataclass(frozen=True)
+class PackageConfig:
+    name: str = "run"
+    compress: str = "zstd"
+    include: tuple[str, ...] = ("packed_wds", "frame_cache")
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    train_command: str = ""
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    path: Path
+    storage_root: Path
+    inbox: Path
+    inbox_require_ready_marker: bool
+    sources: tuple[SourceConfig, ...]
+    model: ModelConfig
+    sample: SampleConfig
+    packing: PackingConfig
+    wds: WdsConfig
+    frame_cache: FrameCacheConfig
+    package: PackageConfig
+
+    def source(self, name: str) -> SourceConfig:
+        for source in self.sources:
+            if source.name == name:
+                return source
+        raise ConfigError(f"{self.path}: no source named {name!r} (known: {[s.name for s in self.sources]})")
+
+
+_SECTION_KEYS = {
+    "storage": {"root"},
+    "model": {"model_type", "processor", "processor_kwargs"},
+    "sample": {"sample_type", "max_token_len", "text_key"},
+    "packing": {"algorithm", "min_fill_ratio"},
+    "wds": {"maxcount", "maxsize"},
+    "frame_cache": {"num_frames", "frame_size", "rows", "cols", "jpeg_quality", "videos_per_shard"},
+    "package": {"name", "compress", "include", "hyperparameters", "train_command"},
+}
+_TOP_KEYS = set(_SECTION_KEYS) | {"inbox", "inbox_require_ready_marker", "sources"}
+_SOURCE_KEYS = {"name", "kind", "path", "media_root"}
+
+
+class _Reader:
+    """Pulls typed values out of the parsed YAML, naming file and key on error."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {key}: {message}")
+
+    def mapping(self, value: Any, key: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected a mapping, got {type(value).__name__}")
+        return value
+
+    def no_unknown(self, data: dict[str, Any], allowed: set[str], key: str) -> None:
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            prefix = f"{key}." if key else ""
+            raise self.fail(f"{prefix}{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+    def integer(self, data: dict[str, Any], name: str, key: str, default: int, minimum: int = 1) -> int:
+        value = data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(f"{key}.{name}", f"expected an integer, got {value!r}")
+        if value < minimum:
+            raise self.fail(f"{key}.{name}", f"must be >= {minimum}, got {value}")
+        return value
+
+    def number(self, data: dict[str, Any], name: str, key: str, default: float) -> float:
+        value = data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(f"{key}.{name}", f"expected a number, got {value!r}")
+        return float(value)
+
+    def string(self, data: dict[str, Any], name: str, key: str, default: str | None = None) -> str:
+        value = data.get(name, default)
+        if value is None:
+            raise self.fail(f"{key}.{name}", "is required")
+        if not isinstance(value, str) or (not value and default is None):
+            raise self.fail(f"{key}.{name}", f"expected a non-empty string, got {value!r}")
+        return value
+
+    def choice(self, data: dict[str, Any], name: str, key: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.string(data, name, key, default)
+        if value not in choices:
+            raise self.fail(f"{key}.{name}", f"must be one of {', '.join(choices)}; got {value!r}")
+        return value
+
+    def resolve(self, raw: str) -> Path:
+        path = Path(os.path.expanduser(raw))
+        return path if path.is_absolute() else (self.path.parent / path).resolve()
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> AppConfig:
+    """Load and validate a config file (argument, else $VLM_ASSETS_CONFIG)."""
+    if path is None:
+        path = os.environ.get(CONFIG_ENV_VAR)
+        if not path:
+            raise ConfigError(f"no config given: pass --config FILE or set ${CONFIG_ENV_VAR}")
+    config_path = Path(path).expanduser().resolve()
+    if not config_path.is_file():
+        raise ConfigError(f"{config_path}: config file not found")
+    try:
+        raw = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{config_path}: not valid YAML: {error}") from error
+    return parse_config(raw, config_path)
+
+
+def parse_config(raw: Any, config_path: Path) -> AppConfig:
+    reader = _Reader(config_path)
+    top = reader.mapping(raw, "(top level)")
+    reader.no_unknown(top, _TOP_KEYS, "")
+    sections = {name: reader.mapping(top.get(name), name) for name in _SECTION_KEYS}
+    for name, data in sections.items():
+        reader.no_unknown(data, _SECTION_KEYS[name], name)
+
+    storage_root = reader.resolve(reader.string(sections["storage"], "root", "storage", "./vlm_data"))
+    inbox_raw = top.get("inbox", "./vlm_inbox")
+    if not isinstance(inbox_raw, str) or not inbox_raw:
+        raise reader.fail("inbox", f"expected a path, got {inbox_raw!r}")
+    ready_marker = top.get("inbox_require_ready_marker", False)
+    if not isinstance(ready_marker, bool):
+        raise reader.fail("inbox_require_ready_marker", f"expected true or false, got {ready_marker!r}")
+
+    model_data = sections["model"]
+    processor_kwargs = reader.mapping(model_data.get("processor_kwargs"), "model.processor_kwargs")
+    model = ModelConfig(
+        model_type=reader.string(model_data, "model_type", "model", "qwen2_vl"),
+        processor=reader.string(model_data, "processor", "model", "embedded"),
+        processor_kwargs=dict(processor_kwargs),
+    )
+    if model.processor != "embedded":
+        processor_dir = reader.resolve(model.processor)
+        if not processor_dir.is_dir():
+            raise reader.fail("model.processor", f"'embedded' or a local HF processor directory; {processor_dir} does not exist")
+        model = ModelConfig(model.model_type, str(processor_dir), model.processor_kwargs)
+
+    sample_data = sections["sample"]
+    sample = SampleConfig(
+        sample_type=reader.choice(sample_data, "sample_type", "sample", "packed_multi_mix_qa", SAMPLE_TYPES),
+        max_token_len=reader.integer(sample_data, "max_token_len", "sample", 8192, minimum=16),
+        text_key=reader.string(sample_data, "text_key", "sample", "messages"),
+    )
+    packing_data = sections["packing"]
+    packing = PackingConfig(
+        algorithm=reader.choice(packing_data, "algorithm", "packing", "best_fit_decreasing", PACKING_ALGORITHMS),
+        min_fill_ratio=reader.number(packing_data, "min_fill_ratio", "packing", 0.9),
+    )
+    wds_data = sections["wds"]
+    wds = WdsConfig(
+        maxcount=reader.integer(wds_data, "maxcount", "wds", 10000),
+        maxsize=reader.integer(wds_data, "maxsize", "wds", 1_000_000_000, minimum=1024),
+    )
+    frame_data = sections["frame_cache"]
+    frame_cache = FrameCacheConfig(
+        num_frames=reader.integer(frame_data, "num_frames", "frame_cache", 64),
+        frame_size=reader.integer(frame_data, "frame_size", "frame_cache", 384, minimum=28),
+        rows=reader.integer(frame_data, "rows", "frame_cache", 4),
+        cols=reader.integer(frame_data, "cols", "frame_cache", 16),
+        jpeg_quality=reader.integer(frame_data, "jpeg_quality", "frame_cache", 95),
+        videos_per_shard=reader.integer(frame_data, "videos_per_shard", "frame_cache", 256),
+    )
+    if frame_cache.rows * frame_cache.cols != frame_cache.num_frames:
+        raise reader.fail(
+            "frame_cache.rows",
+            f"rows × cols must equal num_frames ({frame_cache.rows} × {frame_cache.cols} != {frame_cache.num_frames})",
+        )
+    if frame_cache.jpeg_quality > 100:
+        raise reader.fail("frame_cache.jpeg_quality", f"must be <= 100, got {frame_cache.jpeg_quality}")
+
+    package_data = sections["package"]
+    include = package_data.get("include", list(PACKAGE_PARTS))
+    if not isinstance(include, list) or any(part not in PACKAGE_PARTS for part in include):
+        raise reader.fail("package.include", f"expected a list drawn from {', '.join(PACKAGE_PARTS)}; got {include!r}")
+    package = PackageConfig(
+        name=reader.string(package_data, "name", "package", "run"),
+        compress=reader.choice(package_data, "compress", "package", "zstd", COMPRESSIONS),
+        include=tuple(include),
+        hyperparameters=dict(reader.mapping(package_data.get("hyperparameters"), "package.hyperparameters")),
+        train_command=reader.string(package_data, "train_command", "package", ""),
+    )
+    if "/" in package.name or package.name.startswith("."):
+        raise reader.fail("package.name", f"must be a plain file name, got {package.name!r}")
+
+    return AppConfig(
+        path=config_path,
+        storage_root=storage_root,
+        inbox=reader.resolve(inbox_raw),
+        inbox_require_ready_marker=ready_marker,
+        sources=_parse_sources(reader, top.get("sources")),
+        model=model,
+        sample=sample,
+        packing=packing,
+        wds=wds,
+        frame_cache=frame_cache,
+        package=package,
+    )
+
+
+def _parse_sources(reader: _Reader, raw: Any) -> tuple[SourceConfig, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise reader.fail("sources", f"expected a list of sources, got {type(raw).__name__}")
+    sources: list[SourceConfig] = []
+    for index, item in enumerate(raw):
+        key = f"sources[{index}]"
+        data = reader.mapping(item, key)
+        reader.no_unknown(data, _SOURCE_KEYS, key)
+        name = reader.string(data, "name", key)
+        if not all(ch.isalnum() or ch in "_-" for ch in name):
+            raise reader.fail(f"{key}.name", f"use letters, digits, '_' or '-' only; got {name!r}")
+        if any(existing.name == name for existing in sources):
+            raise reader.fail(f"{key}.name", f"duplicate source name {name!r}")
+        kind = reader.choice(data, "kind", key, "", SOURCE_KINDS) if "kind" in data else None
+        if kind is None:
+            raise reader.fail(f"{key}.kind", f"is required (one of {', '.join(SOURCE_KINDS)})")
+        path = reader.resolve(reader.string(data, "path", key))
+        if "media_root" in data:
+            media_root = reader.resolve(reader.string(data, "media_root", key))
+        else:
+            media_root = path.parent if kind == "jsonl" else path
+        sources.append(SourceConfig(name=name, kind=kind, path=path, media_root=media_root))
+    return tuple(sources)

@@ -1,0 +1,203 @@
+"""Exact token lengths (SPEC §5): the length of `input_ids` the processor returns for a sample.
+
+Two paths that must agree on every sample:
+- exact: render the chat template, load images as `transformers.image_utils.load_image` does,
+  decode videos to the frames the trainer sees, and call the processor;
+- fast: image sizes from file headers (EXIF orientation applied), the video token count of
+  one frame-cache-shaped clip (computed once with the real video processor), and batched
+  tokenisation of the template rendered with a single pad token per media item.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from vlm_assets.catalog.media import open_media
+from vlm_assets.catalog.messages import split_on_placeholders
+from vlm_assets.catalog.schema import STATUS_OK, STATUS_REJECTED
+from vlm_assets.config import FrameCacheConfig
+
+EXIF_ORIENTATION_TAG = 0x0112
+ORIENTATIONS_THAT_SWAP_AXES = frozenset({5, 6, 7, 8})
+
+VideoFrameLoader = Callable[[str, FrameCacheConfig], np.ndarray]
+
+
+@dataclass(frozen=True)
+class SampleForLength:
+    sample_id: str
+    messages: str  # catalogue JSON (role/content with <image>/<video> placeholders)
+    media_kinds: Sequence[str]
+    media_refs: Sequence[str]
+
+
+@dataclass(frozen=True)
+class LengthResult:
+    sample_id: str
+    status: str
+    reason: str
+    token_len: int
+    text_tokens: int
+    image_tokens: int
+    video_tokens: int
+
+    @classmethod
+    def rejected(cls, sample_id: str, reason: str) -> LengthResult:
+        return cls(sample_id, STATUS_REJECTED, reason, 0, 0, 0, 0)
+
+
+def chat_conversation(messages_json: str) -> list[dict[str, Any]]:
+    """Catalogue messages as the structured conversation HF chat templates expect."""
+    return [
+        {"role": message["role"], "content": split_on_placeholders(message["content"])}
+        for message in json.loads(messages_json)
+    ]
+
+
+def supports_fast_path(processor: Any) -> bool:
+    image_processor = getattr(processor, "image_processor", None)
+    return (
+        hasattr(processor, "image_token")
+        and hasattr(processor, "video_token")
+        and hasattr(image_processor, "get_number_of_image_patches")
+        and hasattr(image_processor, "merge_size")
+    )
+
+
+def decode_video_frames(ref: str, settings: FrameCacheConfig) -> np.ndarray:
+    """The frames a trainer sees for a video: the frame cache's sampled frames at frame_size²."""
+    import av
+    from PIL import Image
+
+    with open_media(ref) as handle, av.open(handle) as container:
+        stream = container.streams.video[0]
+        frames = [frame.to_image() for frame in container.decode(stream)]
+    if not frames:
+        raise ValueError(f"no decodable frames in {ref}")
+    indices = np.round(np.linspace(0, len(frames) - 1, settings.num_frames)).astype(int)
+    size = (settings.frame_size, settings.frame_size)
+    return np.stack([np.asarray(frames[i].convert("RGB").resize(size, Image.Resampling.BICUBIC)) for i in indices])
+
+
+class LengthCounter:
+    def __init__(
+        self,
+        processor: Any,
+        frame_cache: FrameCacheConfig,
+        video_loader: VideoFrameLoader = decode_video_frames,
+    ) -> None:
+        self.processor = processor
+        self.frame_cache = frame_cache
+        self.video_loader = video_loader
+
+    # ---- shared -------------------------------------------------------------------------
+    def render(self, messages_json: str) -> str:
+        return self.processor.apply_chat_template(chat_conversation(messages_json), tokenize=False)
+
+    def _pad_ids(self) -> tuple[int, int]:
+        tokenizer = self.processor.tokenizer
+        return (
+            tokenizer.convert_tokens_to_ids(self.processor.image_token),
+            tokenizer.convert_tokens_to_ids(self.processor.video_token),
+        )
+
+    def _split_counts(self, sample_id: str, input_ids: Sequence[int]) -> LengthResult:
+        image_pad, video_pad = self._pad_ids()
+        ids = np.asarray(input_ids)
+        image_tokens = int(np.count_nonzero(ids == image_pad))
+        video_tokens = int(np.count_nonzero(ids == video_pad))
+        return LengthResult(
+            sample_id, STATUS_OK, "", len(ids), len(ids) - image_tokens - video_tokens, image_tokens, video_tokens
+        )
+
+    # ---- exact path ---------------------------------------------------------------------
+    def exact(self, sample: SampleForLength) -> LengthResult:
+        from PIL import Image
+        from transformers.image_utils import load_image
+
+        try:
+            text = self.render(sample.messages)
+            images, videos = [], []
+            for kind, ref in zip(sample.media_kinds, sample.media_refs):
+                if kind == "image":
+                    with open_media(ref) as handle:
+                        images.append(load_image(Image.open(handle)))
+                else:
+                    videos.append(self.video_loader(ref, self.frame_cache))
+            encoded = self.processor(
+                text=[text], images=images or None, videos=videos or None, return_tensors=None
+            )
+        except Exception as error:  # the processor raises ValueError, OSError, RuntimeError...
+            return LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error}")
+        return self._split_counts(sample.sample_id, encoded["input_ids"][0])
+
+    # ---- fast path ----------------------------------------------------------------------
+    def image_tokens(self, ref: str) -> int:
+        height, width = oriented_image_size(ref)
+        image_processor = self.processor.image_processor
+        patches = image_processor.get_number_of_image_patches(height, width, {})
+        return patches // image_processor.merge_size**2
+
+    @property
+    def video_tokens_per_clip(self) -> int:
+        return _video_tokens_for_shape(self.processor, self.frame_cache.num_frames, self.frame_cache.frame_size)
+
+    def fast_many(self, samples: Sequence[SampleForLength], batch_size: int = 256) -> list[LengthResult]:
+        if not supports_fast_path(self.processor):
+            return [self.exact(sample) for sample in samples]
+        results: list[LengthResult] = []
+        for start in range(0, len(samples), batch_size):
+            results.extend(self._fast_batch(samples[start:start + batch_size]))
+        return results
+
+    def _fast_batch(self, samples: Sequence[SampleForLength]) -> list[LengthResult]:
+        prepared: list[tuple[int, str, int, int]] = []  # (index, text, image tokens, video tokens)
+        results: list[LengthResult | None] = [None] * len(samples)
+        for index, sample in enumerate(samples):
+            try:
+                image_total = sum(self.image_tokens(ref) for kind, ref in zip(sample.media_kinds, sample.media_refs) if kind == "image")
+                n_videos = sum(1 for kind in sample.media_kinds if kind == "video")
+                video_total = n_videos * self.video_tokens_per_clip if n_videos else 0
+                prepared.append((index, self.render(sample.messages), image_total, video_total))
+            except Exception as error:  # same failure classes as the exact path
+                results[index] = LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error}")
+        if prepared:
+            encoded = self.processor.tokenizer([text for _i, text, _im, _vid in prepared])["input_ids"]
+            for (index, _text, image_total, video_total), ids in zip(prepared, encoded):
+                n_media = len(samples[index].media_kinds)
+                text_tokens = len(ids) - n_media
+                results[index] = LengthResult(
+                    samples[index].sample_id,
+                    STATUS_OK,
+                    "",
+                    text_tokens + image_total + video_total,
+                    text_tokens,
+                    image_total,
+                    video_total,
+                )
+        return [result for result in results if result is not None]
+
+
+def oriented_image_size(ref: str) -> tuple[int, int]:
+    """(height, width) after EXIF orientation, read from the header without decoding pixels."""
+    from PIL import Image
+
+    with open_media(ref) as handle, Image.open(handle) as image:
+        width, height = image.size
+        orientation = image.getexif().get(EXIF_ORIENTATION_TAG, 1)
+    if orientation in ORIENTATIONS_THAT_SWAP_AXES:
+        width, height = height, width
+    return height, width
+
+
+@lru_cache(maxsize=16)
+def _video_tokens_for_shape(processor: Any, num_frames: int, frame_size: int) -> int:
+    clip = np.zeros((num_frames, frame_size, frame_size, 3), dtype=np.uint8)
+    grid = processor.video_processor(videos=[clip], return_tensors="np")["video_grid_thw"][0]
+    return int(np.prod(grid)) // processor.video_processor.merge_size**2

