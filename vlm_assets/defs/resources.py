@@ -1,6 +1,5 @@
 """Resources shared by every domain: the user's config and the storage layout under it."""
 
-from __future__ import annotations
 
 import os
 from functools import cached_property
@@ -12,8 +11,13 @@ from vlm_assets.layout import StorageLayout
 
 
 def default_config_path() -> str:
-    """$VLM_ASSETS_CONFIG, else ./vlm_assets.yaml (what `vlm-assets demo` writes)."""
-    return os.environ.get(CONFIG_ENV_VAR, "vlm_assets.yaml")
+    """$VLM_ASSETS_CONFIG, else ./vlm_assets.yaml, else the demo's ./demo/vlm_assets.yaml."""
+    if os.environ.get(CONFIG_ENV_VAR):
+        return os.environ[CONFIG_ENV_VAR]
+    for candidate in ("vlm_assets.yaml", os.path.join("demo", "vlm_assets.yaml")):
+        if os.path.exists(candidate):
+            return os.path.abspath(candidate)
+    return os.path.abspath("vlm_assets.yaml")
 
 
 class VlmConfig(dg.ConfigurableResource):
@@ -32,3 +36,30 @@ class VlmConfig(dg.ConfigurableResource):
 
 SOURCES_PARTITIONS = dg.DynamicPartitionsDefinition(name="sources")
 FRAME_CACHE_SHARD_PARTITIONS = dg.DynamicPartitionsDefinition(name="frame_cache_shards")
+
+
+class HFProcessor(dg.ConfigurableResource):
+    """The model's Hugging Face processor (embedded Qwen2-VL or a local directory), loaded once per process."""
+
+    vlm_config: VlmConfig
+
+    def load(self):
+        from vlm_assets.tokens.processor import load_processor
+
+        model = self.vlm_config.app.model
+        return _load_cached(model.processor, tuple(sorted(model.processor_kwargs.items())), load_processor, model)
+
+    def fingerprint(self) -> str:
+        from vlm_assets.tokens.processor import processor_fingerprint
+
+        return processor_fingerprint(self.vlm_config.app.model)
+
+
+_PROCESSORS: dict[tuple, object] = {}
+
+
+def _load_cached(name: str, kwargs: tuple, loader, model):
+    key = (name, kwargs)
+    if key not in _PROCESSORS:
+        _PROCESSORS[key] = loader(model)
+    return _PROCESSORS[key]

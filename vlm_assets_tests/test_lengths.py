@@ -1,0 +1,96 @@
+import json
+import random
+
+import pytest
+from PIL import Image
+
+from vlm_assets.catalog.build import build_catalog
+from vlm_assets.config import FrameCacheConfig, SourceConfig
+from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, oriented_image_size
+
+SMALL_CLIPS = FrameCacheConfig(num_frames=8, frame_size=112, rows=2, cols=4)
+
+
+def samples_of(frame):
+    ok = frame[frame.status == "ok"]
+    return [SampleForLength(r.sample_id, r.messages, list(r.media_kinds), list(r.media_refs)) for r in ok.itertuples()]
+
+
+def assert_fast_equals_exact(counter, samples):
+    fast = counter.fast_many(samples)
+    exact = [counter.exact(sample) for sample in samples]
+    assert [r.sample_id for r in fast] == [s.sample_id for s in samples]
+    for f, e in zip(fast, exact):
+        assert (f.status, f.token_len, f.image_tokens, f.video_tokens) == (e.status, e.token_len, e.image_tokens, e.video_tokens), f.sample_id
+    return fast
+
+
+def test_fast_equals_exact_on_every_demo_sample(demo_app, processor):
+    counter = LengthCounter(processor, demo_app.frame_cache)
+    for source in demo_app.sources:
+        samples = samples_of(build_catalog(source, "messages"))
+        results = assert_fast_equals_exact(counter, samples)
+        assert all(r.status == "ok" and r.token_len > 0 for r in results)
+    video = {r.sample_id: r for r in counter.fast_many(samples_of(build_catalog(demo_app.source("demo_video"))))}
+    assert video["demo_video/v1"].video_tokens == 6272  # 64 frames of 384² -> 32 × 28 × 28 / 4
+
+
+def test_fast_equals_exact_on_real_images_and_videos(tmp_path, shared_data, processor):
+    images = [p for p in (shared_data / "Pillow/Tests/images").iterdir()
+              if p.name not in ("truncated_jpeg.jpg", "broken.png")]
+    images += list((shared_data / "clip-retrieval/tests/test_clip_inference/test_images").glob("*.jpg"))
+    images += list((shared_data / "xtuner/tests/resource").glob("*.jpg"))
+    rng = random.Random(7)
+    for index, image in enumerate(sorted(images)):
+        media = [str(image)] + ([str(rng.choice(images))] if index % 3 == 0 else [])
+        turns = [{"role": "user", "content": "Describe."}, {"role": "assistant", "content": "Something " * (index + 1)}]
+        if index % 2:
+            turns += [{"role": "user", "content": "More?"}, {"role": "assistant", "content": "No."}]
+        (tmp_path / f"{index:03d}.json").write_text(json.dumps({"messages": turns, "images": media}))
+    videos = ["LLaMA-Factory/data/mllm_demo_data/4.mp4", "decord/tests/test_data/video_90.mov",
+              "torchcodec/test/resources/var_fps_video.mp4"]
+    for index, video in enumerate(videos):
+        (tmp_path / f"v{index}.json").write_text(json.dumps(
+            {"messages": [{"role": "user", "content": "<video>What?"}, {"role": "assistant", "content": "That."}],
+             "videos": [str(shared_data / video)]}))
+    samples = samples_of(build_catalog(SourceConfig("real", "flat_dir", tmp_path, tmp_path)))
+    assert len(samples) == len(images) + len(videos)
+    counter = LengthCounter(processor, SMALL_CLIPS)
+    assert_fast_equals_exact(counter, samples)
+
+
+def test_exif_orientation_swaps_header_size(shared_data, processor):
+    rotated = shared_data / "Pillow/Tests/images/hopper_orientation_6.jpg"
+    assert oriented_image_size(str(rotated)) == (128, 128)  # square: orientation cannot change tokens
+    path = shared_data / "clip-retrieval/tests/test_clip_inference/test_images/123_456.jpg"
+    assert oriented_image_size(str(path)) == Image.open(path).size[::-1]
+
+
+def test_exif_rotated_demo_image_counts_as_displayed(demo_app, processor):
+    counter = LengthCounter(processor, demo_app.frame_cache)
+    rotated = str(demo_app.sources[0].path / "0009.jpg")
+    assert oriented_image_size(rotated) == (640, 360)  # stored 640×360, EXIF 6 -> displayed portrait
+    assert counter.image_tokens(rotated) == processor.image_processor.get_number_of_image_patches(640, 360, {}) // 4
+
+
+def test_unprocessable_image_is_a_rejected_row_in_both_paths(tmp_path, processor):
+    Image.new("RGB", (2000, 5)).save(tmp_path / "thin.png")  # aspect ratio 400 > Qwen2-VL's limit of 200
+    (tmp_path / "thin.json").write_text(json.dumps(
+        {"messages": [{"role": "user", "content": "<image>?"}], "images": ["thin.png"]}))
+    samples = samples_of(build_catalog(SourceConfig("t", "flat_dir", tmp_path, tmp_path)))
+    counter = LengthCounter(processor, SMALL_CLIPS)
+    fast, exact = counter.fast_many(samples)[0], counter.exact(samples[0])
+    assert fast.status == exact.status == "rejected"
+    assert "aspect ratio" in fast.reason
+
+
+@pytest.mark.parametrize("kwargs", [{"min_pixels": 3136, "max_pixels": 200704}])
+def test_processor_kwargs_change_image_budget(demo_app, kwargs):
+    from vlm_assets.config import ModelConfig
+    from vlm_assets.tokens.processor import load_processor
+
+    small = load_processor(ModelConfig(processor_kwargs=kwargs))
+    counter = LengthCounter(small, demo_app.frame_cache)
+    samples = samples_of(build_catalog(demo_app.source("demo_images")))
+    results = assert_fast_equals_exact(counter, samples)
+    assert max(r.image_tokens for r in results) <= 2 * 200704 // (28 * 28)
