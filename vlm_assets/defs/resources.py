@@ -6,7 +6,8 @@ from functools import cached_property
 
 import dagster as dg
 
-from vlm_assets.config import CONFIG_ENV_VAR, AppConfig, load_config
+from vlm_assets.config import CONFIG_ENV_VAR, AppConfig, ConfigError, SourceConfig, load_config
+from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
 
 
@@ -32,6 +33,18 @@ class VlmConfig(dg.ConfigurableResource):
     @property
     def layout(self) -> StorageLayout:
         return StorageLayout(self.app.storage_root)
+
+    def sources(self) -> list[SourceConfig]:
+        """Configured sources, then those discovered in the inbox (the `sources` partitions)."""
+        configured = list(self.app.sources)
+        names = {source.name for source in configured}
+        return configured + [source for source in inbox_sources(self.app.inbox) if source.name not in names]
+
+    def source(self, name: str) -> SourceConfig:
+        for source in self.sources():
+            if source.name == name:
+                return source
+        raise ConfigError(f"{self.app.path}: no source named {name!r} in the config or the inbox {self.app.inbox}")
 
 
 SOURCES_PARTITIONS = dg.DynamicPartitionsDefinition(name="sources")

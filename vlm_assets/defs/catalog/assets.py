@@ -33,7 +33,7 @@ def _reason_table(reasons: pd.Series) -> str:
 )
 def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app = vlm_config.app
-    source = app.source(context.partition_key)
+    source = vlm_config.source(context.partition_key)
     context.log.info(f"cataloguing {source.kind} source {source.name!r} at {source.path}")
     frame = build_catalog(source, app.sample.text_key, progress=lambda n: context.log.info(f"{n} records read"))
     path = vlm_config.layout.catalog(source.name)
