@@ -1,0 +1,171 @@
+"""Frame-cache assets: plan the unique videos, build each shard, merge the index."""
+
+
+import time
+from pathlib import Path
+
+import dagster as dg
+
+from vlm_assets.config import SourceConfig
+from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig
+from vlm_assets.frames.index import write_index
+from vlm_assets.frames.plan import (
+    FRAMES_SOURCE_FILE,
+    KnownFrames,
+    PlannedVideo,
+    catalog_videos,
+    extend_plan,
+    load_frames_source,
+    read_plan,
+    shard_members,
+    write_plan,
+)
+from vlm_assets.frames.shard import ensure_shard, tar_path
+
+FRAME_CACHE_POOL = "frame_cache"
+LOG_EVERY = 25
+
+
+def frame_cache_dir(vlm_config: VlmConfig) -> Path:
+    settings = vlm_config.app.frame_cache
+    return vlm_config.layout.frame_cache(settings.frame_size, settings.num_frames)
+
+
+def _frames_source_files(source: SourceConfig) -> list[Path]:
+    """Seed-style video_frames_source.jsonl beside the source or in its media root."""
+    folders = [source.path.parent if source.path.is_file() else source.path, source.media_root]
+    return sorted({folder / FRAMES_SOURCE_FILE for folder in folders if (folder / FRAMES_SOURCE_FILE).is_file()})
+
+
+def _known_frames(vlm_config: VlmConfig, log: dg.DagsterLogManager) -> dict[str, KnownFrames]:
+    known: dict[str, KnownFrames] = {}
+    for source in vlm_config.sources():
+        for path in _frames_source_files(source):
+            imported = load_frames_source(path, source.name, source.media_root)
+            log.info(f"{source.name}: imported frame counts and indices of {len(imported)} videos from {path}")
+            known.update(imported)
+    return known
+
+
+def _plan_table(plan: list[PlannedVideo], limit: int = 10) -> str:
+    lines = ["| video | shard | frames | fps | error |", "|---|---|---|---|---|"]
+    for video in plan[-limit:]:
+        lines.append(f"| {video.keys[0]} | {video.shard} | {video.total_frames} | {video.fps:g} | {video.error[:80]} |")
+    return "\n".join(lines)
+
+
+@dg.asset(
+    deps=[dg.AssetKey("sample_catalog")],
+    group_name="frame_cache",
+    description="Every unique video of the catalogue with its decodable frame count, fps, sampled "
+    "frame indices and (append-only) shard; registers the frame_cache_shards partitions.",
+)
+def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+    app = vlm_config.app
+    cache_dir = frame_cache_dir(vlm_config)
+    videos: list[tuple[str, str]] = []
+    missing: list[str] = []
+    for source in vlm_config.sources():
+        catalog = vlm_config.layout.catalog(source.name)
+        if not catalog.is_file():
+            missing.append(source.name)
+            context.log.warning(f"{source.name}: no catalogue at {catalog} yet; its videos are not planned")
+            continue
+        videos.extend(catalog_videos(catalog))
+
+    def report(added: int, video: PlannedVideo) -> None:
+        if added % LOG_EVERY == 0:
+            context.log.info(f"probed {added} new videos (latest {video.keys[0]})")
+        if video.error:
+            context.log.warning(f"{video.keys[0]}: {video.error}")
+
+    existing = read_plan(cache_dir)
+    plan, added = extend_plan(existing, videos, app.frame_cache, _known_frames(vlm_config, context.log), report)
+    write_plan(cache_dir, plan)
+    shards = list(shard_members(plan))
+    known_keys = set(context.instance.get_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name))
+    new_keys = [shard for shard in shards if shard not in known_keys]
+    if new_keys:
+        context.instance.add_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name, new_keys)
+    failed = sum(1 for video in plan if video.error)
+    context.log.info(f"plan: {len(plan)} videos ({added} new, {failed} unreadable) in {len(shards)} shards")
+    return dg.MaterializeResult(
+        metadata={
+            "videos": len(plan),
+            "media_keys": sum(len(video.keys) for video in plan),
+            "new_videos": added,
+            "probe_failures": failed,
+            "shards": len(shards),
+            "new_shards": dg.MetadataValue.json(new_keys),
+            "sources_without_catalog": dg.MetadataValue.json(missing),
+            "path": dg.MetadataValue.path(str(cache_dir)),
+            "latest_videos": dg.MetadataValue.md(_plan_table(plan)),
+        }
+    )
+
+
+@dg.asset(
+    deps=[video_frame_plan],
+    partitions_def=FRAME_CACHE_SHARD_PARTITIONS,
+    pool=FRAME_CACHE_POOL,
+    group_name="frame_cache",
+    description="One frame-cache shard: part-NNNNN.tar of JPEG mosaics, then part-NNNNN.done.json.",
+)
+def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+    settings = vlm_config.app.frame_cache
+    cache_dir = frame_cache_dir(vlm_config)
+    shard = context.partition_key
+    members = shard_members(read_plan(cache_dir)).get(shard)
+    if not members:
+        raise dg.Failure(f"{shard}: not in the plan at {cache_dir}; materialise video_frame_plan first")
+
+    def report(done: int, video: PlannedVideo, error: str) -> None:
+        if error:
+            context.log.warning(f"{shard}: {video.keys[0]} failed: {error}")
+        if done % LOG_EVERY == 0 or done == len(members):
+            context.log.info(f"{shard}: {done}/{len(members)} videos")
+
+    started = time.perf_counter()
+    record, reused = ensure_shard(cache_dir, shard, members, settings, on_video=report)
+    seconds = time.perf_counter() - started
+    context.log.info(f"{shard}: {'reused' if reused else 'built'} — {len(record.entries)} cached, {len(record.failures)} failed")
+    return dg.MaterializeResult(
+        metadata={
+            "videos": len(members),
+            "cached": len(record.entries),
+            "failed": len(record.failures),
+            "reused": reused,
+            "tar_bytes": record.tar_bytes,
+            "videos_per_second": round(len(members) / seconds, 2) if not reused and seconds > 0 else 0.0,
+            "path": dg.MetadataValue.path(str(tar_path(cache_dir, shard))),
+            "failures": dg.MetadataValue.md(
+                "\n".join(f"- `{failure.video_id}`: {failure.error}" for failure in record.failures) or "none"
+            ),
+        }
+    )
+
+
+@dg.asset(
+    deps=[video_frame_plan, frame_cache_shard],
+    group_name="frame_cache",
+    description="index.jsonl (one row per media key with shard, byte offset and size), metadata.json, failures.jsonl.",
+)
+def frame_cache_index(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+    cache_dir = frame_cache_dir(vlm_config)
+    plan = read_plan(cache_dir)
+    summary = write_index(cache_dir, plan, vlm_config.app.frame_cache)
+    context.log.info(summary.line())
+    if summary.shards_pending:
+        context.log.warning(f"shards not built yet: {', '.join(summary.shards_pending)}")
+    return dg.MaterializeResult(
+        metadata={
+            "records": summary.records,
+            "skipped": summary.skipped,
+            "failed": summary.failed,
+            "unique_videos": summary.videos,
+            "shards_done": summary.shards_done,
+            "shards_pending": dg.MetadataValue.json(summary.shards_pending),
+            "summary": summary.line(),
+            "path": dg.MetadataValue.path(str(cache_dir)),
+        }
+    )

@@ -1,0 +1,160 @@
+"""Packing lineage: bins → packed JSON → WebDataset shards (per source) → Energon dataset."""
+
+import time
+
+import dagster as dg
+import numpy as np
+import pandas as pd
+
+from vlm_assets.atomic import atomic_open, write_parquet
+from vlm_assets.catalog.build import read_catalog
+from vlm_assets.defs.packing import checks
+from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.packing.energon import prepare_energon_dataset
+from vlm_assets.packing.plan import fill_ratio, plan_packing, read_bins
+from vlm_assets.packing.records import build_records, read_records, write_jsonl
+from vlm_assets.packing.report import fill_summary_md, length_histogram_md, reject_counts_md
+from vlm_assets.packing.wds import list_shards, write_shards
+
+GROUP = "packing"
+PROGRESS_EVERY_S = 10.0
+
+
+def _source(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> str:
+    return vlm_config.source(context.partition_key).name
+
+
+@dg.asset(
+    partitions_def=SOURCES_PARTITIONS,
+    deps=[dg.AssetKey("sample_catalog"), dg.AssetKey("sample_lengths")],
+    group_name=GROUP,
+    kinds={"parquet"},
+    check_specs=checks.PACKING_BINS_CHECKS,
+    description="Best-fit-decreasing bins of each source's samples (≤ sample.max_token_len), and a rejects table with reasons.",
+)
+def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
+    app, layout = vlm_config.app, vlm_config.layout
+    source = _source(context, vlm_config)
+    catalog_path, lengths_path = layout.catalog(source), layout.lengths(source)
+    catalog = read_catalog(catalog_path)
+    lengths = pd.read_parquet(lengths_path)
+    started = time.perf_counter()
+    plan = plan_packing(
+        catalog,
+        lengths,
+        app.sample.sample_type,
+        app.sample.max_token_len,
+        catalog_name=str(catalog_path),
+        lengths_name=str(lengths_path),
+    )
+    context.log.info(
+        f"{source}: {plan.packed_count} samples into {len(plan.bins)} bins, {len(plan.rejects)} rejected "
+        f"({time.perf_counter() - started:.2f}s)"
+    )
+    bins_path, rejects_path = layout.bins(source), layout.rejects(source)
+    write_parquet(plan.bins, bins_path)
+    write_parquet(plan.rejects, rejects_path)
+
+    bins, rejects = read_bins(bins_path), pd.read_parquet(rejects_path)
+    packed_lengths = np.asarray([length for values in bins["lengths"] for length in values], dtype=np.int64)
+    yield dg.MaterializeResult(
+        metadata={
+            "bins_path": dg.MetadataValue.path(str(bins_path)),
+            "rejects_path": dg.MetadataValue.path(str(rejects_path)),
+            "bins": len(bins),
+            "packed_samples": int(packed_lengths.size),
+            "rejected_samples": len(rejects),
+            "fill_ratio": fill_ratio(bins, app.sample.max_token_len),
+            "outcomes": dg.MetadataValue.md(reject_counts_md(int(packed_lengths.size), rejects)),
+            "length_histogram": dg.MetadataValue.md(length_histogram_md(packed_lengths, app.sample.max_token_len)),
+            "fill_summary": dg.MetadataValue.md(fill_summary_md(bins, app.sample.max_token_len)),
+        }
+    )
+    yield from checks.packing_bins_results(catalog["sample_id"], bins, rejects, app)
+
+
+@dg.asset(
+    partitions_def=SOURCES_PARTITIONS,
+    deps=[packing_bins],
+    group_name=GROUP,
+    kinds={"json"},
+    description="One packed record per bin (SPEC §5): full messages, per-sample lengths, texts, media members and keys.",
+)
+def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+    app, layout = vlm_config.app, vlm_config.layout
+    source = _source(context, vlm_config)
+    bins = read_bins(layout.bins(source))
+    catalog = read_catalog(layout.catalog(source))
+    path = layout.packed_json(source)
+    with atomic_open(path, "wb") as handle:
+        count = write_jsonl(build_records(source, bins, catalog, app.sample.sample_type), handle)
+    context.log.info(f"{source}: {count} packed records -> {path}")
+    return dg.MaterializeResult(
+        metadata={"path": dg.MetadataValue.path(str(path)), "records": count, "sample_type": app.sample.sample_type}
+    )
+
+
+@dg.asset(
+    partitions_def=SOURCES_PARTITIONS,
+    deps=[packed_json],
+    group_name=GROUP,
+    kinds={"webdataset"},
+    check_specs=checks.SHARD_CHECKS,
+    description="Deterministic pretrain-*.tar shards of the packed records with their original media bytes.",
+)
+def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
+    app, layout = vlm_config.app, vlm_config.layout
+    source = _source(context, vlm_config)
+    jsonl_path = layout.packed_json(source)
+    catalog = read_catalog(layout.catalog(source))
+    directory = layout.packed_wds(source)
+    written = 0
+    last_log = time.monotonic()
+
+    def progress(key: str) -> None:
+        nonlocal written, last_log
+        written += 1
+        if time.monotonic() - last_log > PROGRESS_EVERY_S:
+            context.log.info(f"{source}: {written} samples written (at {key})")
+            last_log = time.monotonic()
+
+    shards = write_shards(read_records(jsonl_path, catalog), directory, app.wds.maxcount, app.wds.maxsize, progress)
+    context.log.info(f"{source}: {written} samples in {len(shards)} shards -> {directory}")
+    table = ["| shard | samples | bytes |", "|---|---:|---:|"] + [
+        f"| {shard.path.name} | {len(shard.keys)} | {shard.size} |" for shard in shards
+    ]
+    yield dg.MaterializeResult(
+        metadata={
+            "directory": dg.MetadataValue.path(str(directory)),
+            "shards": len(shards),
+            "samples": written,
+            "bytes": sum(shard.path.stat().st_size for shard in shards),
+            "shard_paths": dg.MetadataValue.json([str(shard.path) for shard in shards]),
+            "shard_table": dg.MetadataValue.md("\n".join(table)),
+        }
+    )
+    yield checks.shard_members_result(list_shards(directory), jsonl_path)
+
+
+@dg.asset(
+    deps=[dg.AssetDep(packed_wds_shards, partition_mapping=dg.AllPartitionMapping())],
+    group_name=GROUP,
+    kinds={"energon"},
+    description="Energon metadata (.nv-meta, tar indexes) over every configured source's shards, from energon's own prepare.",
+)
+def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+    app, layout = vlm_config.app, vlm_config.layout
+    root = layout.packed_wds_root
+    shards = [shard for source in vlm_config.sources() for shard in list_shards(layout.packed_wds(source.name))]
+    context.log.info(f"preparing Energon metadata over {len(shards)} shards under {root}")
+    dataset = prepare_energon_dataset(root, shards, app.sample.sample_type)
+    context.log.info(f"Energon indexed {dataset.sample_count} samples -> {dataset.meta_dir}")
+    return dg.MaterializeResult(
+        metadata={
+            "path": dg.MetadataValue.path(str(root)),
+            "meta_dir": dg.MetadataValue.path(str(dataset.meta_dir)),
+            "shards": len(dataset.shards),
+            "samples": dataset.sample_count,
+            "sample_type": app.sample.sample_type,
+        }
+    )

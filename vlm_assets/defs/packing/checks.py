@@ -1,0 +1,93 @@
+"""Asset checks of the packing lineage. Each re-reads what was written to disk."""
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+
+from vlm_assets.config import AppConfig
+from vlm_assets.defs.resources import VlmConfig
+from vlm_assets.packing.energon import load_all_ids
+from vlm_assets.packing.plan import fill_ratio, read_bins
+from vlm_assets.packing.records import record_id
+from vlm_assets.packing.verify import accounting_problems, oversized_bins, shard_problems
+
+PACKING_BINS_CHECKS = [
+    dg.AssetCheckSpec("every_sample_accounted_for", asset="packing_bins",
+                      description="catalogue = packed ∪ rejects, disjoint, each id once"),
+    dg.AssetCheckSpec("bins_within_max_token_len", asset="packing_bins",
+                      description="every bin's total ≤ sample.max_token_len"),
+    dg.AssetCheckSpec("fill_ratio", asset="packing_bins",
+                      description="share of the token budget used; warns below packing.min_fill_ratio"),
+]
+SHARD_CHECKS = [
+    dg.AssetCheckSpec("tar_members_match_records", asset="packed_wds_shards",
+                      description="the shards hold exactly packed_json's records, each with exactly its members"),
+]
+
+
+def packing_bins_results(
+    catalog_ids: Iterable[str], bins: pd.DataFrame, rejects: pd.DataFrame, app: AppConfig
+) -> Iterator[dg.AssetCheckResult]:
+    problems = accounting_problems(catalog_ids, bins, rejects)
+    yield dg.AssetCheckResult(
+        check_name="every_sample_accounted_for",
+        passed=not problems,
+        metadata={"problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none")},
+    )
+    oversized = oversized_bins(bins, app.sample.max_token_len)
+    yield dg.AssetCheckResult(
+        check_name="bins_within_max_token_len",
+        passed=not oversized,
+        metadata={"oversized_bins": len(oversized), "examples": dg.MetadataValue.json(oversized[:10])},
+    )
+    ratio = fill_ratio(bins, app.sample.max_token_len)
+    yield dg.AssetCheckResult(
+        check_name="fill_ratio",
+        passed=ratio >= app.packing.min_fill_ratio or not len(bins),
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"fill_ratio": ratio, "min_fill_ratio": app.packing.min_fill_ratio, "bins": len(bins)},
+    )
+
+
+def shard_members_result(shards: list[Path], jsonl_path: Path) -> dg.AssetCheckResult:
+    problems = shard_problems(shards, jsonl_path)
+    return dg.AssetCheckResult(
+        check_name="tar_members_match_records",
+        passed=not problems,
+        metadata={
+            "shards": len(shards),
+            "problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none"),
+        },
+    )
+
+
+@dg.asset_check(
+    asset="energon_dataset",
+    description="Load every sample through Energon's loader (stateless cooker, errors re-raised); ids must equal the bins'.",
+)
+def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig) -> dg.AssetCheckResult:
+    layout = vlm_config.layout
+    expected = [
+        record_id(source.name, int(bin_id))
+        for source in vlm_config.sources()
+        if layout.bins(source.name).exists()
+        for bin_id in read_bins(layout.bins(source.name))["bin_id"]
+    ]
+    loaded = load_all_ids(layout.packed_wds_root)
+    context.log.info(f"Energon loaded {len(loaded)} samples; bins expect {len(expected)}")
+    duplicates = sorted(key for key, count in Counter(loaded).items() if count > 1)
+    missing = sorted(set(expected) - set(loaded))
+    unexpected = sorted(set(loaded) - set(expected))
+    return dg.AssetCheckResult(
+        passed=not (duplicates or missing or unexpected) and len(loaded) == len(expected),
+        metadata={
+            "loaded": len(loaded),
+            "expected": len(expected),
+            "missing": dg.MetadataValue.json(missing[:20]),
+            "unexpected": dg.MetadataValue.json(unexpected[:20]),
+            "duplicates": dg.MetadataValue.json(duplicates[:20]),
+        },
+    )

@@ -1,0 +1,134 @@
+"""Decode the sampled frames of one video, choosing per gap between seeking and decoding on.
+
+Seeking costs a decoder flush plus decoding from the keyframe before the target, so it only
+pays when the target lies past the next keyframe; otherwise decoding forward and picking is
+cheaper. Frames are identified by presentation timestamp, so variable frame rate and
+B-frame reordering cannot shift an index.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import av
+import numpy as np
+
+from vlm_assets.catalog.media import describe_ref
+from vlm_assets.frames.probe import VideoError, VideoProbe, open_video
+
+DEFAULT_DECODER_THREADS = 1
+
+
+def should_seek(keyframes: tuple[int, ...], position: int, target: int) -> bool:
+    """True when a keyframe lies after the next frame to decode and at or before `target`.
+
+    `position` is the index of the last decoded frame (-1 before the first).
+    """
+    next_key = bisect.bisect_right(keyframes, position + 1)
+    return next_key < len(keyframes) and keyframes[next_key] <= target
+
+
+@contextmanager
+def opened_video(ref: str, threads: int = DEFAULT_DECODER_THREADS) -> Iterator[tuple[av.container.InputContainer, av.video.stream.VideoStream]]:
+    handle, container = open_video(ref)
+    with handle, container:
+        stream = container.streams.video[0]
+        stream.codec_context.thread_count = threads
+        if threads > 1:
+            stream.codec_context.thread_type = "AUTO"
+        yield container, stream
+
+
+class _TimestampMismatch(Exception):
+    """Decoded timestamps disagree with the demuxed ones (e.g. AVI packed B-frames)."""
+
+
+def iter_sampled_frames(
+    container: av.container.InputContainer,
+    stream: av.video.stream.VideoStream,
+    probe: VideoProbe,
+    indices: list[int],
+    name: str,
+) -> Iterator[tuple[int, av.VideoFrame]]:
+    """Yield (index, frame) for each distinct index in ascending order.
+
+    Frames are located by timestamp (seeking where it pays). If the decoder's timestamps turn
+    out unreliable, every index is decoded again by counting frames from the start, which
+    can yield an index a second time; consumers keep the last frame per index.
+    """
+    targets = sorted(set(indices))
+    if targets and targets[-1] >= probe.total_frames:
+        raise VideoError(f"{name}: frame {targets[-1]} requested but the video has {probe.total_frames} frames")
+    try:
+        if probe.timestamps_reliable:
+            try:
+                yield from _by_timestamp(container, stream, probe, targets, name)
+                return
+            except _TimestampMismatch:
+                container.seek(0, backward=True)
+        yield from _by_counting(container.decode(stream), targets, name)
+    except av.error.FFmpegError as error:
+        raise VideoError(f"{name}: decoding failed: {error}") from error
+
+
+def _by_timestamp(
+    container: av.container.InputContainer,
+    stream: av.video.stream.VideoStream,
+    probe: VideoProbe,
+    targets: list[int],
+    name: str,
+) -> Iterator[tuple[int, av.VideoFrame]]:
+    index_of_pts = {pts: i for i, pts in enumerate(probe.frame_pts)}
+    position = -1
+    frames: Iterator[av.VideoFrame] | None = None
+    for target in targets:
+        just_sought = frames is None or should_seek(probe.keyframes, position, target)
+        if just_sought:
+            container.seek(probe.frame_pts[target], stream=stream, backward=True)
+            frames = container.decode(stream)
+        while True:
+            frame = next(frames, None)
+            if frame is None:
+                raise VideoError(f"{name}: stream ended before frame {target} (truncated?)")
+            index = index_of_pts.get(frame.pts)
+            if index is None or index > target or (index <= position and not just_sought):
+                raise _TimestampMismatch
+            just_sought = False
+            position = index
+            if index == target:
+                yield target, frame
+                break
+
+
+def _by_counting(frames: Iterator[av.VideoFrame], targets: list[int], name: str) -> Iterator[tuple[int, av.VideoFrame]]:
+    wanted = iter(targets)
+    target = next(wanted, None)
+    for index, frame in enumerate(frames):
+        if target is None:
+            return
+        if index == target:
+            yield target, frame
+            target = next(wanted, None)
+    if target is not None:
+        raise VideoError(f"{name}: stream ended before frame {target} (truncated?)")
+
+
+def frame_to_rgb(frame: av.VideoFrame, size: int) -> np.ndarray:
+    """Bicubic resize to size×size RGB, then turn as the display matrix says."""
+    rgb = frame.reformat(width=size, height=size, format="rgb24", interpolation="BICUBIC").to_ndarray()
+    quarter_turns = round((frame.rotation or 0) / 90) % 4
+    return np.rot90(rgb, quarter_turns) if quarter_turns else rgb
+
+
+def decode_sampled_frames(
+    ref: str, probe: VideoProbe, indices: list[int], size: int, threads: int = DEFAULT_DECODER_THREADS
+) -> list[np.ndarray]:
+    """The frames at `indices` (repeats allowed), each size×size×3 uint8."""
+    name = describe_ref(ref)
+    by_index: dict[int, np.ndarray] = {}
+    with opened_video(ref, threads) as (container, stream):
+        for index, frame in iter_sampled_frames(container, stream, probe, indices, name):
+            by_index[index] = frame_to_rgb(frame, size)
+    return [by_index[index] for index in indices]

@@ -1,0 +1,40 @@
+"""One JPEG per video: the sampled frames tiled row-major into a rows × cols grid."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+
+import numpy as np
+from PIL import Image
+
+
+def mosaic_canvas(rows: int, cols: int, size: int) -> np.ndarray:
+    return np.zeros((rows * size, cols * size, 3), dtype=np.uint8)
+
+
+def place_tile(canvas: np.ndarray, position: int, cols: int, tile: np.ndarray) -> None:
+    """Write `tile` into grid cell `position` (row-major)."""
+    size = tile.shape[0]
+    row, col = divmod(position, cols)
+    canvas[row * size : (row + 1) * size, col * size : (col + 1) * size] = tile
+
+
+def tile_frames(frames: Iterable[np.ndarray], rows: int, cols: int, size: int) -> np.ndarray:
+    canvas = mosaic_canvas(rows, cols, size)
+    for position, frame in enumerate(frames):
+        place_tile(canvas, position, cols, frame)
+    return canvas
+
+
+def encode_jpeg(canvas: np.ndarray, quality: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(canvas).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def split_mosaic(mosaic: np.ndarray, rows: int, cols: int, num_frames: int) -> np.ndarray:
+    """(num_frames, H, W, 3) from a rows × cols mosaic, undoing `tile_frames`."""
+    height, width = mosaic.shape[0] // rows, mosaic.shape[1] // cols
+    grid = mosaic.reshape(rows, height, cols, width, 3).transpose(0, 2, 1, 3, 4)
+    return np.ascontiguousarray(grid.reshape(rows * cols, height, width, 3)[:num_frames])

@@ -1,0 +1,135 @@
+"""Packed records (SPEC §5): one JSON object per bin, lossless about its samples.
+
+Field choices:
+- ``messages``: each sample's full conversation, exactly as the catalogue holds it
+  (``<image>`` / ``<video>`` placeholders mark media positions).
+- ``texts.prompts`` / ``texts.captions``: the first user / first assistant turn of
+  each sample with the placeholders removed and surrounding whitespace stripped
+  ("" when the sample has no such turn). Kept for cookers written for the seed.
+- ``media_files``: per sample, the tar member suffixes ``img<k>.<ext>`` /
+  ``vid<k>.<ext>`` (k = flat media index within the record, ext sniffed from the
+  bytes), so two samples that both say ``0001.jpg`` never collide.
+- ``images`` (packed_vqa / packed_captioning only): the flat list of those suffixes,
+  which are also the keys of an Energon CrudeWebdataset sample dict.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from vlm_assets.catalog.media import media_extension
+from vlm_assets.catalog.schema import media_type_of
+
+IMAGE_ONLY_SAMPLE_TYPES = frozenset({"packed_vqa", "packed_captioning"})
+MEMBER_PREFIX = {"image": "img", "video": "vid"}
+_PLACEHOLDER = re.compile(r"<image>|<video>")
+
+
+@dataclass(frozen=True)
+class RecordMedia:
+    member: str  # "img0.jpg": the tar member name after "<key>."
+    ref: str  # where the bytes are (vlm_assets.catalog.media)
+
+
+@dataclass(frozen=True)
+class PackedRecord:
+    record: dict[str, Any]
+    media: tuple[RecordMedia, ...]
+
+    @property
+    def key(self) -> str:
+        return self.record["id"]
+
+
+def record_id(source: str, bin_id: int) -> str:
+    return f"{source}_ps_{bin_id:08d}"
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """The one serialisation used for both the JSONL line and the tar's .json member."""
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def first_text(messages: list[dict[str, Any]], role: str) -> str:
+    for message in messages:
+        if message.get("role") == role:
+            return _PLACEHOLDER.sub("", str(message.get("content", ""))).strip()
+    return ""
+
+
+def build_records(source: str, bins: pd.DataFrame, catalog: pd.DataFrame, sample_type: str) -> Iterator[PackedRecord]:
+    """One packed record per bin, in bin order."""
+    columns = ("messages", "media_files", "media_kinds", "media_refs", "media_keys")
+    samples = dict(zip(catalog["sample_id"], zip(*(catalog[column] for column in columns))))
+    for bin_id, sample_ids, lengths in zip(bins["bin_id"], bins["sample_ids"], bins["lengths"]):
+        yield _build_record(record_id(source, int(bin_id)), list(sample_ids), list(lengths), samples, sample_type)
+
+
+def _build_record(
+    key: str, sample_ids: list[str], lengths: list[int], samples: dict[str, tuple], sample_type: str
+) -> PackedRecord:
+    messages, prompts, captions, media_files, media_keys, kinds = [], [], [], [], [], []
+    media: list[RecordMedia] = []
+    for sample_id in sample_ids:
+        raw_messages, names_written, media_kinds, media_refs, keys = samples[sample_id]
+        conversation = json.loads(raw_messages)
+        messages.append(conversation)
+        prompts.append(first_text(conversation, "user"))
+        captions.append(first_text(conversation, "assistant"))
+        names = []
+        for name, kind, ref in zip(names_written, media_kinds, media_refs):
+            member = f"{MEMBER_PREFIX[kind]}{len(media)}.{media_extension(ref, name)}"
+            media.append(RecordMedia(member, ref))
+            names.append(member)
+            kinds.append(kind)
+        media_files.append(names)
+        media_keys.append(list(keys))
+    record: dict[str, Any] = {
+        "id": key,
+        "sample_type": sample_type,
+        "sample_ids": sample_ids,
+        "lengths": [int(length) for length in lengths],
+        "messages": messages,
+        "texts": {"prompts": prompts, "captions": captions},
+        "media_files": media_files,
+        "media_keys": media_keys,
+        "media_type": media_type_of(kinds),
+    }
+    if sample_type in IMAGE_ONLY_SAMPLE_TYPES:
+        record["images"] = [item.member for item in media]
+    return PackedRecord(record, tuple(media))
+
+
+def write_jsonl(records: Iterable[PackedRecord], handle) -> int:
+    count = 0
+    for packed in records:
+        handle.write(encode_record(packed.record) + b"\n")
+        count += 1
+    return count
+
+
+def read_records(jsonl_path: Path, catalog: pd.DataFrame) -> Iterator[PackedRecord]:
+    """Packed records from `packed_json`, with each member's media ref looked up in the catalogue."""
+    refs = dict(zip(catalog["sample_id"], catalog["media_refs"]))
+    with open(jsonl_path, "rb") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            record = json.loads(line)
+            sample_refs = []
+            for sample_id in record["sample_ids"]:
+                if sample_id not in refs:
+                    raise KeyError(f"{jsonl_path}:{line_number}: sample {sample_id!r} is not in the catalogue")
+                sample_refs.extend(refs[sample_id])
+            members = [member for names in record["media_files"] for member in names]
+            if len(members) != len(sample_refs):
+                raise ValueError(
+                    f"{jsonl_path}:{line_number}: record {record['id']} names {len(members)} media "
+                    f"but its samples have {len(sample_refs)} in the catalogue"
+                )
+            yield PackedRecord(record, tuple(RecordMedia(m, r) for m, r in zip(members, sample_refs)))

@@ -1,0 +1,175 @@
+"""Deterministic WebDataset shards from packed records.
+
+Each record becomes one tar sample: ``<key>.json`` plus ``<key>.img<k>.<ext>`` /
+``<key>.vid<k>.<ext>`` with the media's original bytes. Headers are fixed (mtime
+0, uid/gid 0, no user names, mode 0644) and members are sorted, so the same
+input gives the same bytes. Shards are cut before `maxcount` samples or
+`maxsize` bytes would be exceeded (a single larger sample gets a shard of its
+own) and never empty. Each shard is written under a temporary name and renamed
+when complete; afterwards shards and Energon tar indexes left over from earlier
+runs are removed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tarfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vlm_assets.atomic import atomic_path, remove_stale_temp_files
+from vlm_assets.catalog.media import is_tar_ref, media_size, read_media_bytes
+from vlm_assets.packing.records import PackedRecord, encode_record
+
+BLOCK = tarfile.BLOCKSIZE
+RECORD = tarfile.RECORDSIZE
+SHARD_PATTERN = re.compile(r"^pretrain-(\d{6})\.tar$")
+ENERGON_INDEX_SUFFIX = ".idx"
+SHARD_MODE = 0o644
+
+
+@dataclass(frozen=True)
+class _Member:
+    name: str
+    size: int
+    header: bytes
+    data: bytes | None = None  # the JSON member; media are read when written
+    ref: str | None = None
+
+    @property
+    def stored_size(self) -> int:
+        return len(self.header) + _padded(self.size)
+
+
+@dataclass
+class ShardInfo:
+    path: Path
+    keys: list[str] = field(default_factory=list)
+    size: int = 0
+
+
+def shard_name(index: int) -> str:
+    return f"pretrain-{index:06d}.tar"
+
+
+def list_shards(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    return sorted(path for path in directory.iterdir() if SHARD_PATTERN.match(path.name))
+
+
+def write_shards(
+    records: Iterable[PackedRecord],
+    directory: Path,
+    maxcount: int,
+    maxsize: int,
+    on_sample: Callable[[str], None] | None = None,
+) -> list[ShardInfo]:
+    """Write every record to `directory/pretrain-NNNNNN.tar`; returns the shards written.
+
+    `on_sample(key)` is called after each sample's bytes are written (progress; it
+    may raise to abort, which leaves no partial shard under a final name).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(directory)
+    plan = _plan_shards(records, directory, maxcount, maxsize)
+    for shard, samples in plan:
+        _write_shard(shard.path, samples, on_sample)
+        (directory / (shard.path.name + ENERGON_INDEX_SUFFIX)).unlink(missing_ok=True)
+    written = {shard.path.name for shard, _ in plan}
+    for path in list_shards(directory):
+        if path.name not in written:
+            path.unlink()
+    for orphan_index in directory.glob("*.tar" + ENERGON_INDEX_SUFFIX):
+        if orphan_index.name[: -len(ENERGON_INDEX_SUFFIX)] not in written:
+            orphan_index.unlink()
+    return [shard for shard, _ in plan]
+
+
+def _plan_shards(
+    records: Iterable[PackedRecord], directory: Path, maxcount: int, maxsize: int
+) -> list[tuple[ShardInfo, list[list[_Member]]]]:
+    plan: list[tuple[ShardInfo, list[list[_Member]]]] = []
+    for packed in records:
+        members = _sample_members(packed)
+        size = sum(member.stored_size for member in members)
+        if not plan or len(plan[-1][1]) >= maxcount or (plan[-1][0].size + size > maxsize):
+            plan.append((ShardInfo(directory / shard_name(len(plan))), []))
+        shard, samples = plan[-1]
+        shard.keys.append(packed.key)
+        shard.size += size
+        samples.append(members)
+    return plan
+
+
+def _write_shard(path: Path, samples: list[list[_Member]], on_sample: Callable[[str], None] | None) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb", buffering=0) as handle:
+        os.chmod(tmp, SHARD_MODE)  # mkstemp makes owner-only files; shards are meant to be shared
+        fd = handle.fileno()
+        written = 0
+        for members in samples:
+            for member in members:
+                _write_all(fd, member.header)
+                if member.data is not None:
+                    _write_all(fd, member.data)
+                else:
+                    _copy_media(member, fd, path)
+                _write_all(fd, bytes(_padded(member.size) - member.size))
+                written += member.stored_size
+            if on_sample is not None:
+                on_sample(members[0].name.split(".", 1)[0])
+        end = written + 2 * BLOCK
+        _write_all(fd, bytes(2 * BLOCK + (-end % RECORD)))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _copy_media(member: _Member, out_fd: int, shard: Path) -> None:
+    """Append the media's bytes; plain files go kernel-to-kernel (sendfile), tar refs via a read."""
+    if is_tar_ref(member.ref):
+        data = read_media_bytes(member.ref)
+        if len(data) != member.size:
+            raise OSError(f"{member.ref}: size changed while writing {shard.name} ({member.size} -> {len(data)} bytes)")
+        _write_all(out_fd, data)
+        return
+    with open(member.ref, "rb") as source:
+        size = os.fstat(source.fileno()).st_size
+        if size != member.size:
+            raise OSError(f"{member.ref}: size changed while writing {shard.name} ({member.size} -> {size} bytes)")
+        offset = 0
+        while offset < size:
+            sent = os.sendfile(out_fd, source.fileno(), offset, size - offset)
+            if sent == 0:
+                raise OSError(f"{member.ref}: file shrank while writing {shard.name}")
+            offset += sent
+
+
+def _sample_members(packed: PackedRecord) -> list[_Member]:
+    key = packed.key
+    if "." in key or "/" in key:
+        raise ValueError(f"sample key {key!r} must not contain '.' or '/'")
+    payload = encode_record(packed.record)
+    members = [_member(f"{key}.json", len(payload), data=payload)]
+    members += [_member(f"{key}.{item.member}", media_size(item.ref), ref=item.ref) for item in packed.media]
+    return sorted(members, key=lambda member: member.name)
+
+
+def _member(name: str, size: int, data: bytes | None = None, ref: str | None = None) -> _Member:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = SHARD_MODE
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    return _Member(name, size, header, data, ref)
+
+
+def _padded(size: int) -> int:
+    return -(-size // BLOCK) * BLOCK

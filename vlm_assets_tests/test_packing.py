@@ -1,0 +1,453 @@
+"""Packing lineage: bins, packed records, WebDataset shards, Energon dataset."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import av
+import dagster as dg
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from vlm_assets.atomic import write_parquet
+from vlm_assets.catalog.schema import CATALOG_COLUMNS, LENGTH_COLUMNS, media_type_of
+from vlm_assets.defs.packing import defs as packing_defs
+from vlm_assets.defs.packing.assets import energon_dataset, packed_json, packed_wds_shards, packing_bins
+from vlm_assets.defs.packing.checks import energon_loads_every_sample
+from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.layout import StorageLayout
+from vlm_assets.packing.binpack import best_fit_decreasing, first_fit_decreasing, lower_bound
+from vlm_assets.packing.energon import load_all_ids, prepare_energon_dataset
+from vlm_assets.packing.plan import (
+    CATEGORY_CATALOG,
+    CATEGORY_MEDIA_KIND,
+    CATEGORY_MISSING_LENGTH,
+    CATEGORY_OVER_MAX,
+    plan_packing,
+)
+from vlm_assets.packing.records import build_records, read_records, record_id, write_jsonl
+from vlm_assets.packing.verify import accounting_problems, oversized_bins, shard_problems
+from vlm_assets.packing.wds import list_shards, write_shards
+
+MAX = 100
+
+
+# ---------------------------------------------------------------- test inputs
+
+
+def _image(path: Path, color: tuple[int, int, int], fmt: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (24, 16), color).save(path, format=fmt)
+
+
+def _video(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=4)
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+        for index in range(4):
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), index * 40, np.uint8), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+
+
+def _messages(prompt: str, answer: str, media: list[str], turns: int = 1) -> str:
+    placeholders = "".join(f"<{kind}>\n" for kind in media)
+    messages = [{"role": "user", "content": f"{placeholders}{prompt}"}, {"role": "assistant", "content": answer}]
+    for turn in range(1, turns):
+        messages += [{"role": "user", "content": f"follow-up {turn}"}, {"role": "assistant", "content": f"reply {turn}"}]
+    return json.dumps(messages)
+
+
+def build_source(root: Path, source: str, samples: list[dict]) -> StorageLayout:
+    """Write media, catalog and lengths parquet for `samples`.
+
+    Each sample: id, media [(relative path, kind)], token_len, optionally status/reason
+    (catalog), length_status, turns.
+    """
+    media_root = root / "media" / source
+    layout = StorageLayout(root / "store")
+    catalog_rows, length_rows = [], []
+    for spec in samples:
+        kinds = [kind for _, kind in spec.get("media", [])]
+        ok = spec.get("status", "ok") == "ok"
+        catalog_rows.append(
+            {
+                "sample_id": f"{source}/{spec['id']}",
+                "source": source,
+                "origin": f"{media_root}/{spec['id']}.json",
+                "status": spec.get("status", "ok"),
+                "reason": spec.get("reason", ""),
+                "messages": _messages(f"question {spec['id']}", f"answer {spec['id']}", kinds, spec.get("turns", 1)) if ok else "[]",
+                "n_turns": 2 * spec.get("turns", 1) if ok else 0,
+                "media_files": [Path(rel).name for rel, _ in spec.get("media", [])],
+                "media_kinds": kinds,
+                "media_refs": [str(media_root / rel) for rel, _ in spec.get("media", [])],
+                "media_keys": [f"{source}/{rel}" for rel, _ in spec.get("media", [])],
+                "media_type": media_type_of(kinds),
+            }
+        )
+        if spec.get("length_status") != "missing":
+            length_ok = ok and spec.get("length_status", "ok") == "ok"
+            length_rows.append(
+                {
+                    "sample_id": f"{source}/{spec['id']}",
+                    "status": "ok" if length_ok else "rejected",
+                    "reason": "" if length_ok else spec.get("reason", "processor failed"),
+                    "token_len": spec["token_len"] if length_ok else 0,
+                    "text_tokens": spec["token_len"] if length_ok else 0,
+                    "image_tokens": 0,
+                    "video_tokens": 0,
+                }
+            )
+    write_parquet(pd.DataFrame(catalog_rows, columns=list(CATALOG_COLUMNS)), layout.catalog(source))
+    write_parquet(pd.DataFrame(length_rows, columns=list(LENGTH_COLUMNS)), layout.lengths(source))
+    return layout
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory) -> Path:
+    """Shared media: same basename in two folders, a PNG named .jpg, a tiny mp4."""
+    root = tmp_path_factory.mktemp("packing_inputs")
+    for source in ("mix", "vqa"):
+        base = root / "media" / source
+        _image(base / "a" / "0001.jpg", (255, 0, 0), "JPEG")
+        _image(base / "b" / "0001.jpg", (0, 0, 255), "JPEG")
+        _image(base / "c" / "photo.jpg", (0, 255, 0), "PNG")  # misnamed: content is PNG
+        _video(base / "clips" / "clip.mp4")
+    return root
+
+
+MIX_SAMPLES = [
+    {"id": "dup_a", "media": [("a/0001.jpg", "image")], "token_len": 40},
+    {"id": "dup_b", "media": [("b/0001.jpg", "image")], "token_len": 40},
+    {"id": "png", "media": [("c/photo.jpg", "image")], "token_len": 30, "turns": 3},
+    {"id": "video", "media": [("clips/clip.mp4", "video")], "token_len": 55},
+    {"id": "both", "media": [("a/0001.jpg", "image"), ("clips/clip.mp4", "video")], "token_len": 45},
+    {"id": "text", "token_len": 20},
+    {"id": "text2", "token_len": 100},
+    {"id": "long", "media": [("a/0001.jpg", "image")], "token_len": 101},
+    {"id": "broken", "status": "rejected", "reason": "unreadable image 'x.jpg' [mix/broken.json]", "token_len": 0},
+    {"id": "nolen", "token_len": 5, "length_status": "missing"},
+    {"id": "lenfail", "length_status": "rejected", "reason": "processor failed: boom", "token_len": 0},
+]
+
+
+@pytest.fixture(scope="module")
+def mix_layout(media) -> StorageLayout:
+    return build_source(media, "mix", MIX_SAMPLES)
+
+
+def _catalog(layout: StorageLayout, source: str) -> pd.DataFrame:
+    from vlm_assets.catalog.build import read_catalog
+
+    return read_catalog(layout.catalog(source))
+
+
+def _plan(layout: StorageLayout, source: str, sample_type: str, max_len: int = MAX):
+    return plan_packing(_catalog(layout, source), pd.read_parquet(layout.lengths(source)), sample_type, max_len)
+
+
+def _records(layout: StorageLayout, source: str, sample_type: str):
+    plan = _plan(layout, source, sample_type)
+    return list(build_records(source, plan.bins, _catalog(layout, source), sample_type))
+
+
+def _digests(directory: Path) -> dict[str, str]:
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(directory.iterdir())}
+
+
+# ---------------------------------------------------------------- bin packing
+
+
+def test_bfd_respects_capacity_covers_every_item_and_is_deterministic():
+    rng = np.random.default_rng(7)
+    lengths = np.clip(rng.lognormal(np.log(1200), 0.8, 20_000).round(), 1, 8192).astype(np.int64)
+    bins = best_fit_decreasing(lengths, 8192)
+    assert sorted(np.concatenate(bins).tolist()) == list(range(lengths.size))
+    assert max(int(lengths[b].sum()) for b in bins) <= 8192
+    again = best_fit_decreasing(lengths, 8192)
+    assert all(np.array_equal(x, y) for x, y in zip(bins, again)) and len(bins) == len(again)
+    assert lower_bound(lengths, 8192) <= len(bins) <= len(first_fit_decreasing(lengths, 8192))
+    assert len(bins) <= 1.01 * lower_bound(lengths, 8192)
+
+
+def test_bfd_picks_the_tightest_bin_and_rejects_out_of_range_lengths():
+    # Decreasing: 60 | 50 | 40 -> best fit for 40 is the 60-bin (remaining 40), not the 50-bin.
+    bins = best_fit_decreasing(np.array([50, 60, 40]), 100)
+    assert sorted(sorted(b.tolist()) for b in bins) == [[0], [1, 2]]
+    assert best_fit_decreasing(np.array([], dtype=np.int64), 100) == []
+    with pytest.raises(ValueError):
+        best_fit_decreasing(np.array([101]), 100)
+    with pytest.raises(ValueError):
+        best_fit_decreasing(np.array([0]), 100)
+
+
+# ---------------------------------------------------------------- plan + rejects
+
+
+def test_plan_multi_mix_packs_text_video_and_mixed_and_rejects_with_reasons(mix_layout):
+    plan = _plan(mix_layout, "mix", "packed_multi_mix_qa")
+    rejects = dict(zip(plan.rejects.sample_id, zip(plan.rejects.category, plan.rejects.reason)))
+    assert rejects["mix/long"][0] == CATEGORY_OVER_MAX and "101 > max_token_len 100" in rejects["mix/long"][1]
+    assert rejects["mix/broken"] == (CATEGORY_CATALOG, "unreadable image 'x.jpg' [mix/broken.json]")
+    assert rejects["mix/nolen"][0] == CATEGORY_MISSING_LENGTH
+    assert "processor failed: boom" in rejects["mix/lenfail"][1]
+    assert len(rejects) == 4
+    packed = {sample_id for ids in plan.bins.sample_ids for sample_id in ids}
+    assert {"mix/text", "mix/text2", "mix/video", "mix/both"} <= packed
+    assert accounting_problems(_catalog(mix_layout, "mix").sample_id, plan.bins, plan.rejects) == []
+    assert oversized_bins(plan.bins, MAX) == []
+    assert plan.bins.total_len.max() <= MAX
+
+
+def test_plan_image_only_types_reject_video_mixed_and_text(mix_layout):
+    for sample_type in ("packed_vqa", "packed_captioning"):
+        plan = _plan(mix_layout, "mix", sample_type)
+        kinds = dict(zip(plan.rejects.sample_id, plan.rejects.category))
+        for sample_id in ("mix/video", "mix/both", "mix/text", "mix/text2"):
+            assert kinds[sample_id] == CATEGORY_MEDIA_KIND
+        packed = {sample_id for ids in plan.bins.sample_ids for sample_id in ids}
+        assert packed == {"mix/dup_a", "mix/dup_b", "mix/png"}
+        assert accounting_problems(_catalog(mix_layout, "mix").sample_id, plan.bins, plan.rejects) == []
+
+
+def test_accounting_problems_detects_lost_and_double_counted_samples(mix_layout):
+    plan = _plan(mix_layout, "mix", "packed_multi_mix_qa")
+    lost = plan.rejects.iloc[1:]
+    assert any("neither packed nor rejected" in p for p in accounting_problems(_catalog(mix_layout, "mix").sample_id, plan.bins, lost))
+    doubled = pd.concat([plan.rejects, pd.DataFrame({"sample_id": ["mix/text"], "reason": ["x"], "category": ["x"]})])
+    assert any("both packed and rejected" in p for p in accounting_problems(_catalog(mix_layout, "mix").sample_id, plan.bins, doubled))
+
+
+# ---------------------------------------------------------------- packed records
+
+
+def test_records_keep_full_messages_and_name_members_by_flat_index(mix_layout):
+    records = _records(mix_layout, "mix", "packed_multi_mix_qa")
+    by_sample = {sid: (packed, i) for packed in records for i, sid in enumerate(packed.record["sample_ids"])}
+    packed, index = by_sample["mix/png"]
+    record = packed.record
+    assert record["id"].startswith("mix_ps_") and len(record["id"]) == len("mix_ps_00000000")
+    assert len(record["messages"][index]) == 6  # three turns kept whole
+    assert record["texts"]["prompts"][index] == "question png"  # placeholder stripped
+    assert record["texts"]["captions"][index] == "answer png"
+    assert record["media_files"][index][0].endswith(".png")  # extension from content, not name
+    assert record["media_keys"][index] == ["mix/c/photo.jpg"]
+    assert sum(record["lengths"]) <= MAX and len(record["lengths"]) == len(record["sample_ids"])
+    flat = [name for names in record["media_files"] for name in names]
+    assert flat == [f"{'vid' if name.startswith('vid') else 'img'}{k}.{name.split('.')[1]}" for k, name in enumerate(flat)]
+    text_record = by_sample["mix/text"][0].record
+    assert text_record["media_files"][by_sample["mix/text"][1]] == []
+    assert {r.record["media_type"] for r in records} <= {"image", "video", "mixed", "text"}
+    assert "images" not in record
+
+
+def test_duplicate_basenames_in_one_bin_get_distinct_members(media):
+    layout = build_source(media, "vqa", [
+        {"id": "first", "media": [("a/0001.jpg", "image")], "token_len": 40},
+        {"id": "second", "media": [("b/0001.jpg", "image")], "token_len": 40},
+    ])
+    [packed] = _records(layout, "vqa", "packed_vqa")
+    assert packed.record["media_files"] == [["img0.jpg"], ["img1.jpg"]]
+    assert packed.record["images"] == ["img0.jpg", "img1.jpg"]
+    assert packed.record["media_keys"] == [["vqa/a/0001.jpg"], ["vqa/b/0001.jpg"]]
+    assert packed.record["media_type"] == "image" and packed.record["sample_type"] == "packed_vqa"
+    refs = [item.ref for item in packed.media]
+    assert refs[0] != refs[1] and refs[0].endswith("a/0001.jpg") and refs[1].endswith("b/0001.jpg")
+
+
+# ---------------------------------------------------------------- WebDataset shards
+
+
+def _write_packed(layout: StorageLayout, source: str, sample_type: str) -> Path:
+    path = layout.packed_json(source)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as handle:
+        write_jsonl(_records(layout, source, sample_type), handle)
+    return path
+
+
+def test_shards_hold_original_bytes_split_by_maxcount_and_rerun_is_byte_identical(mix_layout, tmp_path):
+    jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
+    records = list(read_records(jsonl, _catalog(mix_layout, "mix")))
+    out = tmp_path / "mix"
+    shards = write_shards(records, out, maxcount=2, maxsize=10**9)
+    assert [len(s.keys) for s in shards] == [2] * (len(records) // 2) + ([1] if len(records) % 2 else [])
+    assert shard_problems(list_shards(out), jsonl) == []
+    with tarfile.open(shards[0].path) as archive:
+        members = archive.getmembers()
+        assert [m.name for m in members] == sorted(m.name for m in members)
+        assert {(m.mtime, m.uid, m.gid, m.uname) for m in members} == {(0, 0, 0, "")}
+        for packed in records[:2]:
+            assert json.loads(archive.extractfile(f"{packed.key}.json").read()) == packed.record
+            for item in packed.media:
+                assert archive.extractfile(f"{packed.key}.{item.member}").read() == Path(item.ref).read_bytes()
+    first = _digests(out)
+    write_shards(list(read_records(jsonl, _catalog(mix_layout, "mix"))), out, maxcount=2, maxsize=10**9)
+    assert _digests(out) == first
+
+    # Fewer, bigger shards: the earlier run's extra shards must not linger.
+    (out / "pretrain-000001.tar.idx").write_bytes(b"stale energon index")
+    write_shards(records, out, maxcount=1000, maxsize=10**9)
+    assert sorted(_digests(out)) == ["pretrain-000000.tar"]
+    assert shard_problems(list_shards(out), jsonl) == []
+
+
+def test_maxsize_splits_and_no_empty_shards(mix_layout, tmp_path):
+    jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
+    records = list(read_records(jsonl, _catalog(mix_layout, "mix")))
+    shards = write_shards(records, tmp_path / "s", maxcount=1000, maxsize=1024)  # every sample exceeds 1 KiB
+    assert [len(s.keys) for s in shards] == [1] * len(records)
+    assert write_shards([], tmp_path / "s", maxcount=10, maxsize=10**9) == []
+    assert list_shards(tmp_path / "s") == []
+
+
+def test_exception_mid_write_leaves_no_half_shard_and_rerun_recovers(mix_layout, tmp_path):
+    jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
+    catalog = _catalog(mix_layout, "mix")
+    clean = tmp_path / "clean"
+    write_shards(read_records(jsonl, catalog), clean, maxcount=2, maxsize=10**9)
+
+    out = tmp_path / "out"
+    write_shards(read_records(jsonl, catalog), out, maxcount=1, maxsize=10**9)  # an earlier, different run
+    calls = []
+
+    def explode(key: str) -> None:
+        calls.append(key)
+        if len(calls) == 3:  # first sample of the second shard
+            raise RuntimeError("injected failure")
+
+    with pytest.raises(RuntimeError, match="injected"):
+        write_shards(read_records(jsonl, catalog), out, maxcount=2, maxsize=10**9, on_sample=explode)
+    assert not list(out.glob(".*.tmp"))
+    for shard in list_shards(out):  # whatever is there is a complete tar
+        with tarfile.open(shard) as archive:
+            assert archive.getnames()
+    write_shards(read_records(jsonl, catalog), out, maxcount=2, maxsize=10**9)
+    assert _digests(out) == _digests(clean)
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from vlm_assets.catalog.build import read_catalog
+    from vlm_assets.packing.records import read_records
+    from vlm_assets.packing.wds import write_shards
+
+    jsonl, catalog, out = sys.argv[1:4]
+    seen = []
+    def die(key):
+        seen.append(key)
+        if len(seen) == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+    write_shards(read_records(Path(jsonl), read_catalog(Path(catalog))), Path(out), 2, 10**9, on_sample=die)
+    """
+)
+
+
+def test_process_killed_mid_write_then_rerun_is_identical_to_a_clean_run(mix_layout, tmp_path):
+    jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
+    catalog = _catalog(mix_layout, "mix")
+    clean = tmp_path / "clean"
+    write_shards(read_records(jsonl, catalog), clean, maxcount=2, maxsize=10**9)
+
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, str(jsonl), str(mix_layout.catalog("mix")), str(out)],
+        capture_output=True,
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr.decode()
+    assert list(out.glob(".pretrain-000001.tar.*.tmp")), "the killed writer should leave only a temp file"
+    assert [p.name for p in list_shards(out)] == ["pretrain-000000.tar"]
+    write_shards(read_records(jsonl, catalog), out, maxcount=2, maxsize=10**9)
+    assert _digests(out) == _digests(clean)
+
+
+# ---------------------------------------------------------------- Energon
+
+
+def test_energon_prepare_and_loader_see_every_sample(media, tmp_path):
+    layout = build_source(media, "vqa", [
+        {"id": f"s{i}", "media": [(("a/0001.jpg", "b/0001.jpg", "c/photo.jpg")[i % 3], "image")], "token_len": 30 + i}
+        for i in range(7)
+    ])
+    jsonl = _write_packed(layout, "vqa", "packed_vqa")
+    shards = write_shards(read_records(jsonl, _catalog(layout, "vqa")), layout.packed_wds("vqa"), 2, 10**9)
+    dataset = prepare_energon_dataset(layout.packed_wds_root, [s.path for s in shards], "packed_vqa")
+    meta = dataset.meta_dir
+    for name in ("dataset.yaml", "split.yaml", ".info.json", "index.sqlite"):
+        assert (meta / name).is_file(), name
+    assert "CrudeWebdataset" in (meta / "dataset.yaml").read_text()
+    assert "sample_type: packed_vqa" in (meta / "dataset.yaml").read_text()
+    assert all(Path(str(s.path) + ".idx").is_file() for s in shards)
+    expected = [json.loads(line)["id"] for line in jsonl.read_text().splitlines()]
+    assert dataset.sample_count == len(expected)
+    assert sorted(load_all_ids(layout.packed_wds_root)) == sorted(expected)
+
+
+# ---------------------------------------------------------------- Dagster assets
+
+
+def _config(tmp_path: Path, storage: Path, sample_type: str, maxcount: int = 2) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            storage: {{root: {storage}}}
+            sources:
+              - {{name: mix, kind: flat_dir, path: {tmp_path}}}
+            sample: {{sample_type: {sample_type}, max_token_len: {MAX}}}
+            packing: {{min_fill_ratio: 0.99}}
+            wds: {{maxcount: {maxcount}, maxsize: 1000000}}
+            """
+        )
+    )
+    return path
+
+
+def test_assets_materialize_with_checks_metadata_and_energon_load(mix_layout, tmp_path):
+    config = _config(tmp_path, mix_layout.root, "packed_multi_mix_qa")
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["mix"])
+    resources = {"vlm_config": VlmConfig(config_path=str(config))}
+    result = dg.materialize(
+        [packing_bins, packed_json, packed_wds_shards], resources=resources, partition_key="mix", instance=instance
+    )
+    assert result.success
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    assert checks["every_sample_accounted_for"].passed
+    assert checks["bins_within_max_token_len"].passed
+    assert checks["tar_members_match_records"].passed
+    fill = checks["fill_ratio"]  # min_fill_ratio 0.99 is deliberately unreachable here
+    assert not fill.passed and fill.severity == dg.AssetCheckSeverity.WARN
+    bins_meta = result.asset_materializations_for_node("packing_bins")[0].metadata
+    assert "rejected: over_max_token_len" in bins_meta["outcomes"].value
+    assert "token_len" in bins_meta["length_histogram"].value and "fill ratio" in bins_meta["fill_summary"].value
+    shard_meta = result.asset_materializations_for_node("packed_wds_shards")[0].metadata
+    assert shard_meta["shards"].value == len(list_shards(mix_layout.packed_wds("mix")))
+
+    result = dg.materialize(
+        [energon_dataset, energon_loads_every_sample], resources=resources, instance=instance, selection=None
+    )
+    assert result.success
+    [evaluation] = result.get_asset_check_evaluations()
+    assert evaluation.passed and evaluation.metadata["loaded"].value == evaluation.metadata["expected"].value > 0
+    bins = pd.read_parquet(mix_layout.bins("mix"))
+    assert sorted(load_all_ids(mix_layout.packed_wds_root)) == sorted(record_id("mix", b) for b in bins.bin_id)
+
+
+def test_definitions_load():
+    bound = dg.Definitions.merge(packing_defs, dg.Definitions(resources={"vlm_config": VlmConfig(config_path="unused.yaml")}))
+    keys = {key.to_user_string() for key in bound.resolve_asset_graph().get_all_asset_keys()}
+    assert {"packing_bins", "packed_json", "packed_wds_shards", "energon_dataset"} <= keys
