@@ -167,6 +167,16 @@ class _Reader:
         return path if path.is_absolute() else (self.path.parent / path).resolve()
 
 
+def default_config_path() -> str:
+    """$VLM_ASSETS_CONFIG, else ./vlm_assets.yaml, else the demo's ./demo/vlm_assets.yaml."""
+    if os.environ.get(CONFIG_ENV_VAR):
+        return os.environ[CONFIG_ENV_VAR]
+    for candidate in ("vlm_assets.yaml", os.path.join("demo", "vlm_assets.yaml")):
+        if os.path.exists(candidate):
+            return os.path.abspath(candidate)
+    return os.path.abspath("vlm_assets.yaml")
+
+
 def load_config(path: str | os.PathLike[str] | None = None) -> AppConfig:
     """Load and validate a config file (argument, else $VLM_ASSETS_CONFIG)."""
     if path is None:

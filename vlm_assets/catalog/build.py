@@ -18,14 +18,19 @@ ProgressCallback = Callable[[int], None]
 
 
 class MediaValidator:
-    """Decodes each media file once to prove it is readable; results are cached per ref."""
+    """Decodes each media file once to prove it is readable; results are cached per ref.
 
-    def __init__(self) -> None:
+    Videos are decoded at the frames the frame cache samples (`num_frames`), so a video that
+    passes here also passes token counting and frame extraction.
+    """
+
+    def __init__(self, num_frames: int = 64) -> None:
+        self.num_frames = num_frames
         self._errors: dict[str, str] = {}
 
     def error_for(self, ref: str, kind: str) -> str:
         if ref not in self._errors:
-            self._errors[ref] = _image_error(ref) if kind == "image" else _video_error(ref)
+            self._errors[ref] = _image_error(ref) if kind == "image" else _video_error(ref, self.num_frames)
         return self._errors[ref]
 
 
@@ -40,15 +45,16 @@ def _image_error(ref: str) -> str:
     return ""
 
 
-def _video_error(ref: str) -> str:
-    import av
+VALIDATION_FRAME_SIZE = 28
+
+
+def _video_error(ref: str, num_frames: int) -> str:
+    from vlm_assets.frames.decode import decode_sampled_frames
+    from vlm_assets.frames.probe import probe_video, sample_indices
 
     try:
-        with open_media(ref) as handle, av.open(handle) as container:
-            if not container.streams.video:
-                return "no video stream"
-            if next(container.decode(container.streams.video[0]), None) is None:
-                return "no decodable video frame"
+        probe = probe_video(ref)
+        decode_sampled_frames(ref, probe, sample_indices(probe.total_frames, num_frames), VALIDATION_FRAME_SIZE)
     except Exception as error:  # PyAV raises FFmpeg errors of many types
         return f"{type(error).__name__}: {error}"
     return ""
@@ -112,8 +118,8 @@ def _rejected(reason: str) -> dict:
     }
 
 
-def iter_catalog_rows(source: SourceConfig, text_key: str) -> Iterator[dict]:
-    validator = MediaValidator()
+def iter_catalog_rows(source: SourceConfig, text_key: str, video_frames: int = 64) -> Iterator[dict]:
+    validator = MediaValidator(video_frames)
     seen: set[str] = set()
     for raw in read_source(source):
         if raw.error:
@@ -130,9 +136,14 @@ def iter_catalog_rows(source: SourceConfig, text_key: str) -> Iterator[dict]:
         yield {"sample_id": raw.sample_id, "source": source.name, "origin": raw.origin, **row}
 
 
-def build_catalog(source: SourceConfig, text_key: str = "messages", progress: ProgressCallback | None = None) -> pd.DataFrame:
+def build_catalog(
+    source: SourceConfig,
+    text_key: str = "messages",
+    progress: ProgressCallback | None = None,
+    video_frames: int = 64,
+) -> pd.DataFrame:
     rows = []
-    for index, row in enumerate(iter_catalog_rows(source, text_key), start=1):
+    for index, row in enumerate(iter_catalog_rows(source, text_key, video_frames), start=1):
         rows.append(row)
         if progress and index % 1000 == 0:
             progress(index)

@@ -1,24 +1,13 @@
 """Resources shared by every domain: the user's config and the storage layout under it."""
 
 
-import os
 from functools import cached_property
 
 import dagster as dg
 
-from vlm_assets.config import CONFIG_ENV_VAR, AppConfig, ConfigError, SourceConfig, load_config
+from vlm_assets.config import AppConfig, ConfigError, SourceConfig, load_config
 from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
-
-
-def default_config_path() -> str:
-    """$VLM_ASSETS_CONFIG, else ./vlm_assets.yaml, else the demo's ./demo/vlm_assets.yaml."""
-    if os.environ.get(CONFIG_ENV_VAR):
-        return os.environ[CONFIG_ENV_VAR]
-    for candidate in ("vlm_assets.yaml", os.path.join("demo", "vlm_assets.yaml")):
-        if os.path.exists(candidate):
-            return os.path.abspath(candidate)
-    return os.path.abspath("vlm_assets.yaml")
 
 
 class VlmConfig(dg.ConfigurableResource):

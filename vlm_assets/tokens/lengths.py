@@ -72,17 +72,12 @@ def supports_fast_path(processor: Any) -> bool:
 
 def decode_video_frames(ref: str, settings: FrameCacheConfig) -> np.ndarray:
     """The frames a trainer sees for a video: the frame cache's sampled frames at frame_size²."""
-    import av
-    from PIL import Image
+    from vlm_assets.frames.decode import decode_sampled_frames
+    from vlm_assets.frames.probe import probe_video, sample_indices
 
-    with open_media(ref) as handle, av.open(handle) as container:
-        stream = container.streams.video[0]
-        frames = [frame.to_image() for frame in container.decode(stream)]
-    if not frames:
-        raise ValueError(f"no decodable frames in {ref}")
-    indices = np.round(np.linspace(0, len(frames) - 1, settings.num_frames)).astype(int)
-    size = (settings.frame_size, settings.frame_size)
-    return np.stack([np.asarray(frames[i].convert("RGB").resize(size, Image.Resampling.BICUBIC)) for i in indices])
+    probe = probe_video(ref)
+    indices = sample_indices(probe.total_frames, settings.num_frames)
+    return np.stack(decode_sampled_frames(ref, probe, indices, settings.frame_size))
 
 
 class LengthCounter:
@@ -190,10 +185,37 @@ def oriented_image_size(ref: str) -> tuple[int, int]:
 
     with open_media(ref) as handle, Image.open(handle) as image:
         width, height = image.size
-        orientation = image.getexif().get(EXIF_ORIENTATION_TAG, 1)
+        if image.format == "PNG" and not _png_metadata_after_pixels(ref):
+            # Everything Pillow would read is already in `info`; PNG's own getexif() would decode the pixels.
+            exif = Image.Image.getexif(image)
+        else:
+            exif = image.getexif()
+        orientation = exif.get(EXIF_ORIENTATION_TAG, 1)
     if orientation in ORIENTATIONS_THAT_SWAP_AXES:
         width, height = height, width
     return height, width
+
+
+PNG_METADATA_CHUNKS = frozenset({b"eXIf", b"iTXt", b"tEXt", b"zTXt"})
+
+
+def _png_metadata_after_pixels(ref: str) -> bool:
+    """True when a PNG stores EXIF/XMP-capable chunks after its pixel data (walks chunk headers only)."""
+    with open_media(ref) as handle:
+        handle.seek(8)
+        seen_pixels = False
+        while True:
+            header = handle.read(8)
+            if len(header) < 8:
+                return False
+            length, chunk_type = int.from_bytes(header[:4], "big"), header[4:8]
+            if chunk_type == b"IDAT":
+                seen_pixels = True
+            elif chunk_type == b"IEND":
+                return False
+            elif seen_pixels and chunk_type in PNG_METADATA_CHUNKS:
+                return True
+            handle.seek(length + 4, 1)
 
 
 @lru_cache(maxsize=16)

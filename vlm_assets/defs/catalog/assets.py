@@ -35,7 +35,12 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
     app = vlm_config.app
     source = vlm_config.source(context.partition_key)
     context.log.info(f"cataloguing {source.kind} source {source.name!r} at {source.path}")
-    frame = build_catalog(source, app.sample.text_key, progress=lambda n: context.log.info(f"{n} records read"))
+    frame = build_catalog(
+        source,
+        app.sample.text_key,
+        progress=lambda n: context.log.info(f"{n} records read"),
+        video_frames=app.frame_cache.num_frames,
+    )
     path = vlm_config.layout.catalog(source.name)
     write_parquet(frame, path)
     ok = frame[frame.status == STATUS_OK]
