@@ -77,6 +77,17 @@ def test_real_broken_media_are_rejected_with_the_file_named(tmp_path, shared_dat
     assert rows["p/hopper_orientation_6.json"].status == "ok"
 
 
+def test_real_undecodable_video_is_rejected_at_the_catalogue(tmp_path, shared_data):
+    corrupted = shared_data / "decord/tests/test_data/corrupted.mp4"
+    fine = shared_data / "LLaMA-Factory/data/mllm_demo_data/4.mp4"
+    lines = [json.dumps({"messages": [{"role": "user", "content": "<video>?"}], "videos": [str(path)]})
+             for path in (corrupted, fine)]
+    (tmp_path / "v.jsonl").write_text("\n".join(lines))
+    frame = build_catalog(SourceConfig("v", "jsonl", tmp_path / "v.jsonl", tmp_path))
+    assert list(frame.status) == ["rejected", "ok"]
+    assert "corrupted.mp4" in frame.iloc[0].reason and "unreadable video" in frame.iloc[0].reason
+
+
 def test_hostile_media_path_is_rejected(tmp_path):
     source_dir = tmp_path / "src"
     source_dir.mkdir()

@@ -94,3 +94,26 @@ def test_processor_kwargs_change_image_budget(demo_app, kwargs):
     samples = samples_of(build_catalog(demo_app.source("demo_images")))
     results = assert_fast_equals_exact(counter, samples)
     assert max(r.image_tokens for r in results) <= 2 * 200704 // (28 * 28)
+
+
+def _png_with_exif_after_pixels(path, orientation: int) -> None:
+    import struct
+    import zlib
+
+    Image.new("RGB", (300, 120), (10, 200, 30)).save(path, "PNG")
+    data = path.read_bytes()
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    payload = exif.tobytes()[6:]  # PNG's eXIf chunk holds the TIFF block without the "Exif\0\0" prefix
+    chunk = struct.pack(">I", len(payload)) + b"eXIf" + payload + struct.pack(">I", zlib.crc32(b"eXIf" + payload))
+    iend = data.rindex(b"IEND") - 4
+    path.write_bytes(data[:iend] + chunk + data[iend:])
+
+
+def test_png_orientation_stored_after_pixels_is_honoured(tmp_path, processor):
+    _png_with_exif_after_pixels(tmp_path / "late.png", 6)
+    (tmp_path / "late.json").write_text(json.dumps(
+        {"messages": [{"role": "user", "content": "<image>?"}], "images": ["late.png"]}))
+    assert oriented_image_size(str(tmp_path / "late.png")) == (300, 120)
+    samples = samples_of(build_catalog(SourceConfig("png", "flat_dir", tmp_path, tmp_path)))
+    assert_fast_equals_exact(LengthCounter(processor, SMALL_CLIPS), samples)
