@@ -24,6 +24,8 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
+        # mkstemp creates owner-only files; outputs are data for other users and tools too.
+        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

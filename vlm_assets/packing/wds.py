@@ -106,7 +106,6 @@ def _plan_shards(
 
 def _write_shard(path: Path, samples: list[list[_Member]], on_sample: Callable[[str], None] | None) -> None:
     with atomic_path(path) as tmp, open(tmp, "wb", buffering=0) as handle:
-        os.chmod(tmp, SHARD_MODE)  # mkstemp makes owner-only files; shards are meant to be shared
         fd = handle.fileno()
         written = 0
         for members in samples:
