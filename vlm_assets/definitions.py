@@ -5,18 +5,16 @@ from __future__ import annotations
 import dagster as dg
 
 from vlm_assets.config import default_config_path
-from vlm_assets.defs.catalog import defs as catalog_defs
-from vlm_assets.defs.frame_cache import defs as frame_cache_defs
-from vlm_assets.defs.packing import defs as packing_defs
+from vlm_assets.defs import catalog, frame_cache, packing
 from vlm_assets.defs.resources import HFProcessor, VlmConfig
+
+DOMAINS = (catalog, packing, frame_cache)
 
 
 def build_definitions(config_path: str) -> dg.Definitions:
     vlm_config = VlmConfig(config_path=config_path)
     return dg.Definitions.merge(
-        catalog_defs,
-        packing_defs,
-        frame_cache_defs,
+        *(domain.defs for domain in DOMAINS),
         dg.Definitions(resources={"vlm_config": vlm_config, "hf_processor": HFProcessor(vlm_config=vlm_config)}),
     )
 
