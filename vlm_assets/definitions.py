@@ -5,10 +5,10 @@ from __future__ import annotations
 import dagster as dg
 
 from vlm_assets.config import default_config_path
-from vlm_assets.defs import catalog, frame_cache, packing
+from vlm_assets.defs import catalog, frame_cache, package, packing
 from vlm_assets.defs.resources import HFProcessor, VlmConfig
 
-DOMAINS = (catalog, packing, frame_cache)
+DOMAINS = (catalog, packing, frame_cache, package)
 
 
 def build_definitions(config_path: str) -> dg.Definitions:

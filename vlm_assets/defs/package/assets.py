@@ -1,0 +1,54 @@
+"""`training_package`: the packed dataset (and frame cache) plus the recipe, as one verified file."""
+
+import dagster as dg
+
+from vlm_assets.atomic import remove_stale_temp_files
+from vlm_assets.defs.resources import VlmConfig
+from vlm_assets.package.compression import COMPRESSIONS, package_file_name
+from vlm_assets.package.recipe import spec_from_config
+from vlm_assets.package.writer import PackResult, write_package
+
+
+def _roles_table(result: PackResult) -> str:
+    rows = ["| role | files | MB |", "|---|---:|---:|"]
+    for role in result.manifest.roles:
+        entries = [entry for entry in result.manifest.files if entry.role == role]
+        rows.append(f"| {role} | {len(entries)} | {sum(entry.size for entry in entries) / 1e6:.1f} |")
+    return "\n".join(rows)
+
+
+@dg.asset(
+    deps=[dg.AssetKey("energon_dataset"), dg.AssetKey("frame_cache_index")],
+    group_name="package",
+    kinds={"tar"},
+    description="packages/<name>.nnpkg (gzip) or .nnpkg.zst (zstd): manifest.json (hyperparameters, "
+    "sha256 of every file) + packed WDS with .nv-meta + frame cache, per the config's `package:` section.",
+)
+def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+    app = vlm_config.app
+    packages_dir = vlm_config.layout.packages
+    spec = spec_from_config(app, warn=context.log.warning)
+    target = packages_dir / package_file_name(spec.name, spec.compress)
+    for stale in remove_stale_temp_files(packages_dir):
+        context.log.info(f"removed temp file of an interrupted run: {stale}")
+    result = write_package(spec, target, log=context.log.info)
+    # Only one package per name: a file left by the other compression would be out of date.
+    for other in COMPRESSIONS:
+        old = packages_dir / package_file_name(spec.name, other)
+        if old != target and old.exists():
+            old.unlink()
+            context.log.info(f"removed {old} (package now written as {spec.compress})")
+    return dg.MaterializeResult(
+        metadata={
+            "path": dg.MetadataValue.path(str(result.path)),
+            "compress": spec.compress,
+            "size_bytes": dg.MetadataValue.int(result.package_bytes),
+            "size_mb": dg.MetadataValue.float(round(result.package_bytes / 1e6, 3)),
+            "data_mb": dg.MetadataValue.float(round(result.data_bytes / 1e6, 3)),
+            "compression_ratio": dg.MetadataValue.float(round(result.compression_ratio, 4)),
+            "file_count": dg.MetadataValue.int(len(result.manifest.files)),
+            "roles": dg.MetadataValue.md(_roles_table(result)),
+            "checksum_seconds": dg.MetadataValue.float(round(result.hash_seconds, 3)),
+            "write_seconds": dg.MetadataValue.float(round(result.write_seconds, 3)),
+        }
+    )

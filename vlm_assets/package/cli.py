@@ -1,0 +1,213 @@
+"""`vlm-assets package …`: make, inspect, check, unpack and train from packages, no Dagster needed."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from vlm_assets.config import ConfigError, load_config
+from vlm_assets.layout import StorageLayout
+from vlm_assets.package.compression import (
+    COMPRESSIONS,
+    detect_compression,
+    package_file_name,
+)
+from vlm_assets.package.manifest import PackageError
+from vlm_assets.package.reader import extract_package, read_manifest, verify_package
+from vlm_assets.package.recipe import load_recipe, spec_from_config, starter_recipe
+from vlm_assets.package.train import default_workdir, train_from_package
+from vlm_assets.package.writer import write_package
+
+_EPILOG = """\
+typical use:
+  vlm-assets package new -o recipe.yaml [--config vlm_assets.yaml]   # starter recipe, edit it
+  vlm-assets package pack recipe.yaml                                # -> <name>.nnpkg.zst beside it
+  vlm-assets package pack --config vlm_assets.yaml                   # what the training_package asset builds
+  vlm-assets package info run.nnpkg.zst                              # reads only manifest.json
+  vlm-assets package verify run.nnpkg.zst                            # recomputes every sha256
+  vlm-assets package train run.nnpkg.zst                             # verify, extract once, run train_command
+"""
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1000
+    return f"{size:.1f} TB"
+
+
+def _new(args: argparse.Namespace) -> int:
+    output = Path(args.output)
+    if output.exists() and not args.force:
+        raise PackageError(f"{output} already exists (use --force to overwrite)")
+    app = load_config(args.config) if args.config else None
+    name = args.name or (app.package.name if app else "run")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(starter_recipe(output, name, app), encoding="utf-8")
+    print(f"wrote starter recipe {output}; edit it, then: vlm-assets package pack {output}")
+    return 0
+
+
+def _pack(args: argparse.Namespace) -> int:
+    if (args.recipe is None) == (args.config is None):
+        raise PackageError("give either a RECIPE file or --config APP_CONFIG")
+    if args.recipe is not None:
+        spec = load_recipe(Path(args.recipe))
+        default_dir = Path(args.recipe).parent
+    else:
+        app = load_config(args.config)
+        spec = spec_from_config(app, warn=lambda message: _log(f"warning: {message}"))
+        default_dir = StorageLayout(app.storage_root).packages
+    if args.compress:
+        spec = dataclasses.replace(spec, compress=args.compress)
+    output = Path(args.output) if args.output else default_dir / package_file_name(spec.name, spec.compress)
+    result = write_package(spec, output, level=args.level, threads=args.threads, log=_log)
+    print(
+        f"{result.path}: {len(result.manifest.files)} files, {_human(result.data_bytes)} -> {_human(result.package_bytes)} "
+        f"(ratio {result.compression_ratio:.2f}, {spec.compress})"
+    )
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    path = Path(args.package)
+    manifest = read_manifest(path)
+    print(f"package:     {path} ({_human(path.stat().st_size)}, {detect_compression(path)} on disk)")
+    print(f"name:        {manifest.name}")
+    print(f"created_at:  {manifest.created_at}")
+    print(f"compress:    {manifest.compress}")
+    print(f"format:      {manifest.format_version}")
+    print(f"files:       {len(manifest.files)} ({_human(manifest.total_size)} uncompressed)")
+    for role in manifest.roles:
+        entries = [entry for entry in manifest.files if entry.role == role]
+        print(f"  {role}: {len(entries)} files, {_human(sum(entry.size for entry in entries))}")
+    print(f"train_command: {manifest.train_command or '(none)'}")
+    print("hyperparameters:")
+    for key, value in manifest.hyperparameters.items():
+        print(f"  {key}: {value}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    manifest = read_manifest(Path(args.package))
+    for entry in manifest.files:
+        print(f"{entry.size:>14}  {entry.sha256[:12]}  {entry.role:<12}  {entry.archive_path}")
+    return 0
+
+
+def _extract(args: argparse.Namespace) -> int:
+    path = Path(args.package)
+    target = Path(args.output) if args.output else default_workdir(path)
+    manifest = extract_package(path, target, log=_log)
+    print(f"extracted and verified {len(manifest.files)} files into {target}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    report = verify_package(Path(args.package), log=_log)
+    for problem in report.problems:
+        print(f"MISMATCH {problem}")
+    status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem(s))"
+    print(f"{report.path}: {status}: {report.checked_files} of {len(report.manifest.files)} files checked, {_human(report.checked_bytes)}")
+    return 0 if report.ok else 1
+
+
+def _train(args: argparse.Namespace) -> int:
+    code = train_from_package(
+        Path(args.package),
+        workdir=Path(args.workdir) if args.workdir else None,
+        command=args.command,
+        extra_args=args.extra[1:] if args.extra[:1] == ["--"] else args.extra,
+        rehash=args.rehash,
+        log=_log,
+    )
+    _log(f"training command exited with {code}")
+    return code
+
+
+def _guarded(handler):
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except (PackageError, ConfigError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    package = subparsers.add_parser(
+        "package",
+        help="training packages: recipe + dataset in one verified .nnpkg file",
+        description="Bundle the packed WDS dataset (with .nv-meta), optionally the frame cache, and the training "
+        "recipe into one file (.nnpkg = gzip tar, .nnpkg.zst = zstd tar; detected by magic number, not name). "
+        "manifest.json comes first and lists every file with role, size and sha256.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = package.add_subparsers(dest="package_command", required=True, metavar="COMMAND")
+
+    new = commands.add_parser(
+        "new",
+        help="write a starter recipe (YAML: name, compress, hyperparameters, train_command, data role -> path)",
+        description="Write a commented starter recipe. Keys: name; compress (zstd|gzip); hyperparameters (stored in "
+        "the manifest); train_command (placeholders {<role>}, {workdir}, {manifest}, {hyperparameters}, {hp[KEY]}); "
+        "data (role -> folder or file; relative to the recipe). With --config, data paths point at that config's "
+        "packed_wds root and frame cache.",
+    )
+    new.add_argument("-o", "--output", default="package_recipe.yaml", help="recipe file to write (default: %(default)s)")
+    new.add_argument("--name", help="package name (default: the config's package.name, else 'run')")
+    new.add_argument("--config", help="app config whose storage layout fills in the data paths")
+    new.add_argument("--force", action="store_true", help="overwrite an existing recipe")
+    new.set_defaults(func=_guarded(_new))
+
+    pack = commands.add_parser("pack", help="build a package from a recipe or from the app config's package section")
+    pack.add_argument("recipe", nargs="?", help="recipe YAML (see `package new`)")
+    pack.add_argument("--config", help="app config: package what its `package:` section describes instead of a recipe")
+    pack.add_argument("-o", "--output", help="package file (default: <name>.nnpkg[.zst] beside the recipe, or under storage packages/)")
+    pack.add_argument("--compress", choices=COMPRESSIONS, help="override the recipe's compression")
+    pack.add_argument("--level", type=int, help="compression level (default: gzip 6, zstd 3)")
+    pack.add_argument("--threads", type=int, help="zstd worker threads (default: all CPUs)")
+    pack.set_defaults(func=_guarded(_pack))
+
+    for name, handler, text in (
+        ("info", _info, "summary from manifest.json only (no unpacking)"),
+        ("list", _list, "every file in the manifest: size, sha256 prefix, role, archive path"),
+        ("verify", _verify, "recompute every checksum; names each mismatching, missing or unexpected file (exit 1)"),
+    ):
+        sub = commands.add_parser(name, help=text, description=text)
+        sub.add_argument("package", help="package file (.nnpkg or .nnpkg.zst)")
+        sub.set_defaults(func=_guarded(handler))
+
+    extract = commands.add_parser(
+        "extract",
+        help="verify and safely extract (refuses absolute paths, '..', links, devices, unlisted members)",
+    )
+    extract.add_argument("package")
+    extract.add_argument("-o", "--output", help="target folder (default: <package>.d)")
+    extract.set_defaults(func=_guarded(_extract))
+
+    train = commands.add_parser(
+        "train",
+        help="verify, extract once into a reusable workdir, run the package's train_command",
+        description="Verify and extract the package into WORKDIR (reused while the manifest is unchanged), then run "
+        "the training command with placeholders filled: {<role>} (e.g. {packed_wds}, {frame_cache}) = extracted "
+        "folder, {workdir}, {manifest}, {hyperparameters} (JSON), {hp[KEY]}. Exits with the command's exit code. "
+        "Options go before PACKAGE; arguments after it are appended to the command.",
+    )
+    train.add_argument("--workdir", help="extraction folder (default: <package>.d)")
+    train.add_argument("--command", help="override the package's train_command")
+    train.add_argument("--rehash", action="store_true", help="when reusing the workdir, re-check every extracted file's sha256")
+    train.add_argument("package", help="package file; options go before it")
+    train.add_argument(
+        "extra", nargs=argparse.REMAINDER, metavar="ARG", help="everything after PACKAGE is appended to the training command"
+    )
+    train.set_defaults(func=_guarded(_train))

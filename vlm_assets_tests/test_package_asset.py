@@ -1,0 +1,107 @@
+"""The `training_package` asset and its `package_verifies` check, through Dagster."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+import yaml
+
+from vlm_assets.defs.package import defs as package_defs
+from vlm_assets.defs.package.assets import training_package
+from vlm_assets.defs.package.checks import package_verifies
+from vlm_assets.defs.resources import VlmConfig
+from vlm_assets.package import extract_package, read_manifest
+
+
+def write_config(tmp_path: Path, **package) -> Path:
+    config = tmp_path / "vlm_assets.yaml"
+    settings = {"name": "exp1", "compress": "zstd", "include": ["packed_wds", "frame_cache"], "hyperparameters": {"lr": 0.001}}
+    settings.update(package)
+    config.write_text(yaml.safe_dump({"storage": {"root": "./data"}, "frame_cache": {"num_frames": 4, "frame_size": 56, "rows": 1, "cols": 4}, "package": settings}))
+    return config
+
+
+def make_outputs(root: Path, frame_cache: bool = True) -> None:
+    files = {
+        "packed_wds/demo/pretrain-000000.tar": os.urandom(50_000),
+        "packed_wds/.nv-meta/dataset.yaml": b"__class__: CrudeWebdataset\n",
+        "packed_wds/.nv-meta/.info.json": b"{}",
+    }
+    if frame_cache:
+        files["frame_cache/56/4/part-00000.tar"] = b"frames" * 10_000
+        files["frame_cache/56/4/metadata.json"] = b'{"num_frames": 4}'
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+
+
+def materialize(config: Path) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [training_package, package_verifies],
+        resources={"vlm_config": VlmConfig(config_path=str(config))},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+
+
+def test_definitions_expose_asset_and_check() -> None:
+    assert list(package_defs.assets) == [training_package] and list(package_defs.asset_checks) == [package_verifies]
+    deps = {dep.asset_key for dep in training_package.specs_by_key[dg.AssetKey("training_package")].deps}
+    assert deps == {dg.AssetKey("energon_dataset"), dg.AssetKey("frame_cache_index")}
+
+
+def test_asset_writes_verified_package_with_metadata(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    make_outputs(tmp_path / "data")
+    result = materialize(config)
+    assert result.success
+
+    package = tmp_path / "data/packages/exp1.nnpkg.zst"
+    metadata = result.asset_materializations_for_node("training_package")[0].metadata
+    assert metadata["file_count"].value == 5
+    assert metadata["size_bytes"].value == package.stat().st_size
+    assert metadata["compression_ratio"].value > 1.0
+    [check] = result.get_asset_check_evaluations()
+    assert check.passed and check.metadata["files_checked"].value == 5
+
+    manifest = read_manifest(package)
+    assert manifest.hyperparameters == {"lr": 0.001}
+    assert {entry.role for entry in manifest.files} == {"packed_wds", "frame_cache"}
+    target = tmp_path / "x"
+    extract_package(package, target)
+    assert (target / "data/packed_wds/.nv-meta/dataset.yaml").read_bytes() == b"__class__: CrudeWebdataset\n"
+    assert (target / "data/frame_cache/part-00000.tar").exists()
+
+
+def test_missing_part_is_skipped_and_compression_switch_replaces_file(tmp_path: Path) -> None:
+    make_outputs(tmp_path / "data", frame_cache=False)
+    assert materialize(write_config(tmp_path)).success
+    assert {entry.role for entry in read_manifest(tmp_path / "data/packages/exp1.nnpkg.zst").files} == {"packed_wds"}
+
+    result = materialize(write_config(tmp_path, compress="gzip"))
+    assert result.success
+    assert sorted(p.name for p in (tmp_path / "data/packages").iterdir()) == ["exp1.nnpkg"]
+
+
+def test_check_fails_on_a_damaged_package(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    make_outputs(tmp_path / "data")
+    assert materialize(config).success
+    package = tmp_path / "data/packages/exp1.nnpkg.zst"
+    package.write_bytes(package.read_bytes()[:-50])
+    result = dg.materialize(
+        [training_package, package_verifies],
+        resources={"vlm_config": VlmConfig(config_path=str(config))},
+        instance=dg.DagsterInstance.ephemeral(),
+        selection=dg.AssetSelection.checks_for_assets(training_package),
+    )
+    [check] = result.get_asset_check_evaluations()
+    assert not check.passed and "truncated" in check.metadata["error"].value
+
+
+def test_nothing_to_package_fails_clearly(tmp_path: Path) -> None:
+    result = materialize(write_config(tmp_path))
+    assert not result.success
+    assert "nothing to package" in str(result.get_step_failure_events()[0].event_specific_data.error)
