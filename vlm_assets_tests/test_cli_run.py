@@ -1,0 +1,69 @@
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pandas as pd
+
+from vlm_assets.demo import write_demo
+
+
+def vlm_assets(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vlm_assets.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=600)
+
+
+def test_demo_then_run_materialises_the_whole_graph_through_the_instance(tmp_path):
+    config = write_demo(tmp_path / "demo")
+    home = tmp_path / "home"
+    result = vlm_assets("run", "--config", str(config), env={"DAGSTER_HOME": str(home)})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "0 failed run(s), 0 failed check(s)" in result.stdout
+    root = tmp_path / "demo" / "vlm_data"
+    for source in ("demo_images", "demo_video", "demo_wds"):
+        catalog = pd.read_parquet(root / "catalog" / f"{source}.parquet")
+        bins = pd.read_parquet(root / "packing" / f"{source}.bins.parquet")
+        rejects = pd.read_parquet(root / "packing" / f"{source}.rejects.parquet")
+        packed = {sample for ids in bins.sample_ids for sample in ids}
+        assert packed | set(rejects.sample_id) == set(catalog.sample_id)
+        assert not packed & set(rejects.sample_id)
+        assert list((root / "packed_wds" / source).glob("pretrain-*.tar"))
+    assert (root / "packed_wds" / ".nv-meta" / "dataset.yaml").exists()
+    index = [json.loads(line) for line in (root / "frame_cache" / "384" / "64" / "index.jsonl").read_text().splitlines()]
+    assert {row["video"] for row in index} == {
+        "demo_video/clips/bouncing.mp4", "demo_video/clips/sweep.mkv", "demo_video/clips/no_extension"}
+    package = root / "packages" / "demo_run.nnpkg.zst"
+    assert package.read_bytes()[:4] == b"\x28\xb5\x2f\xfd"
+    # The runs are on the real instance in $DAGSTER_HOME, where `dagster dev` shows them.
+    import dagster as dg
+
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        with dg.DagsterInstance.get() as instance:
+            assert instance.get_latest_materialization_event(dg.AssetKey("training_package")) is not None
+            assert set(instance.get_dynamic_partitions("sources")) == {"demo_images", "demo_video", "demo_wds"}
+    finally:
+        del os.environ["DAGSTER_HOME"]
+    rerun = vlm_assets("run", "--config", str(config), "--select", "packed_wds_shards", env={"DAGSTER_HOME": str(home)})
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "frame_cache_shard" not in rerun.stdout
+    with tarfile.open(next((root / "packed_wds" / "demo_wds").glob("pretrain-*.tar"))) as shard:
+        assert all(member.mtime == 0 and member.uid == 0 for member in shard.getmembers())
+
+
+def test_run_with_a_bad_config_names_the_key_and_exits_non_zero(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("sample: {max_token_len: -3}\n")
+    result = vlm_assets("run", "--config", str(config), env={"DAGSTER_HOME": str(tmp_path / "home")})
+    assert result.returncode == 2
+    assert "sample.max_token_len" in result.stderr and str(config) in result.stderr
+
+
+def test_run_with_an_unknown_selection_is_a_clear_error(tmp_path):
+    config = write_demo(tmp_path / "demo")
+    result = vlm_assets("run", "--config", str(config), "--select", "no_such_asset",
+                        env={"DAGSTER_HOME": str(tmp_path / "home")})
+    assert result.returncode == 2
+    assert "unknown asset key(s): no_such_asset" in result.stderr
