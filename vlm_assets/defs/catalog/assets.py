@@ -2,7 +2,6 @@
 
 
 import random
-import warnings
 
 import dagster as dg
 import pandas as pd
@@ -121,10 +120,6 @@ def sample_lengths(
             "processor_fingerprint": hf_processor.fingerprint(),
         }
     )
-
-
-# Partitioned checks are a Dagster preview feature; we rely on it knowingly, so keep the UI log clean.
-warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*partitions_def on an AssetCheckSpec.*")
 
 
 @dg.asset_check(
