@@ -7,14 +7,15 @@ in dependency order, so they show in the UI exactly like sensor-launched runs.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
+import yaml
 
+from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS
 
@@ -34,13 +35,44 @@ class RunSummary:
         return not self.failed_runs and not self.failed_checks
 
 
+INSTANCE_CONFIG_HEADER = (
+    "# Written by vlm-assets from the project's dagster.yaml (+ dagster.postgres.yaml when "
+    "$VLM_ASSETS_PG_HOST is set) and rewritten on every run; delete this line to keep your own edits.\n"
+)
+POSTGRES_TEMPLATE = REPO_INSTANCE_CONFIG.with_name("dagster.postgres.yaml")
+POSTGRES_HOST_ENV = "VLM_ASSETS_PG_HOST"
+POSTGRES_DEFAULTS = {"VLM_ASSETS_PG_PORT": 5432, "VLM_ASSETS_PG_USER": "postgres", "VLM_ASSETS_PG_PASSWORD": "",
+                     "VLM_ASSETS_PG_DB": "dagster"}
+
+
+def instance_config_text() -> str:
+    """The project's dagster.yaml, with PostgreSQL storage when $VLM_ASSETS_PG_HOST is set.
+
+    Set variables stay `{env: ...}` references (no password lands in the file); unset ones take
+    POSTGRES_DEFAULTS.
+    """
+    text = INSTANCE_CONFIG_HEADER + REPO_INSTANCE_CONFIG.read_text(encoding="utf-8")
+    if os.environ.get(POSTGRES_HOST_ENV):
+        storage = yaml.safe_load(POSTGRES_TEMPLATE.read_text(encoding="utf-8"))
+        fields = storage["storage"]["postgres"]["postgres_db"]
+        for name, value in fields.items():
+            if isinstance(value, dict) and not os.environ.get(value["env"]) and value["env"] in POSTGRES_DEFAULTS:
+                fields[name] = POSTGRES_DEFAULTS[value["env"]]
+        text += "\n" + yaml.safe_dump(storage, sort_keys=False)
+    return text
+
+
 def ensure_dagster_home(default: Path) -> Path:
-    """$DAGSTER_HOME, else `default`; seeded with the project's dagster.yaml when it has none."""
+    """$DAGSTER_HOME, else `default`; its dagster.yaml (re)written from the project's unless the user owns it."""
     home = Path(os.environ.get("DAGSTER_HOME") or default).resolve()
     home.mkdir(parents=True, exist_ok=True)
     os.environ["DAGSTER_HOME"] = str(home)
-    if not (home / "dagster.yaml").exists() and REPO_INSTANCE_CONFIG.exists():
-        shutil.copyfile(REPO_INSTANCE_CONFIG, home / "dagster.yaml")
+    target = home / "dagster.yaml"
+    current = target.read_text(encoding="utf-8") if target.exists() else None
+    if current is None or current.startswith(INSTANCE_CONFIG_HEADER):
+        wanted = instance_config_text()
+        if current != wanted:
+            atomic_write_text(target, wanted)
     return home
 
 

@@ -1,0 +1,41 @@
+"""Declarative automation: the aggregate assets rebuild themselves after their inputs change.
+
+`energon_dataset` (over every source's shards), `video_frame_plan` (over every catalogue) and
+`frame_cache_index` (over every shard) run once any dependency was updated since they were last
+requested, when no dependency is missing or still running. They never run merely because they
+are missing, so an empty instance stays quiet until data arrives.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import dagster as dg
+
+from vlm_assets.defs.automation.sensors import LAUNCHED_BY_TAG, SENSOR_INTERVAL_S
+
+FOLLOWERS = dg.AssetSelection.assets(
+    dg.AssetKey("energon_dataset"), dg.AssetKey("video_frame_plan"), dg.AssetKey("frame_cache_index")
+)
+
+FOLLOWS_UPSTREAM = (
+    dg.AutomationCondition.any_deps_updated().since_last_handled()
+    & ~dg.AutomationCondition.any_deps_missing()
+    & ~dg.AutomationCondition.any_deps_in_progress()
+    & ~dg.AutomationCondition.in_progress()
+).with_label("follows upstream")
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dg.BetaWarning)  # default_condition needs the user-code-server evaluation
+    follow_upstream_sensor = dg.AutomationConditionSensorDefinition(
+        "follow_upstream_sensor",
+        target=FOLLOWERS,
+        default_condition=FOLLOWS_UPSTREAM,
+        use_user_code_server=True,
+        emit_backfills=False,
+        minimum_interval_seconds=SENSOR_INTERVAL_S,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        run_tags={LAUNCHED_BY_TAG: "follow_upstream_sensor"},
+        description="Rebuilds energon_dataset, video_frame_plan and frame_cache_index after their inputs change "
+        "(applies to those without an automation condition of their own).",
+    )

@@ -1,0 +1,47 @@
+"""Shared by the automation, Postgres and UI tests: a config with an inbox, and demo sources to drop in it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from vlm_assets.demo import CONFIG_NAME
+
+INBOX_CONFIG = """\
+storage: {{root: {root}}}
+inbox: {inbox}
+inbox_require_ready_marker: {marker}
+model:
+  processor: embedded
+  processor_kwargs: {{min_pixels: 3136, max_pixels: 1003520}}
+sample: {{sample_type: packed_multi_mix_qa, max_token_len: 8192}}
+packing: {{min_fill_ratio: 0.0}}  # a few demo samples cannot fill 8192-token bins
+wds: {{maxcount: 4, maxsize: 50000000}}
+frame_cache: {{num_frames: 16, frame_size: 112, rows: 4, cols: 4, jpeg_quality: 90, videos_per_shard: 2}}
+"""
+
+
+def write_inbox_config(directory: Path, require_ready_marker: bool = False, video_sources: tuple[str, ...] = ()) -> Path:
+    """A config watching `directory/inbox` (small frame-cache settings for speed); `video_sources`
+    are configured jsonl sources of that name at `directory/<name>.jsonl` (see drop_video_source)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "inbox").mkdir(exist_ok=True)
+    path = directory / CONFIG_NAME
+    text = INBOX_CONFIG.format(root=directory / "data", inbox=directory / "inbox", marker=str(require_ready_marker).lower())
+    if video_sources:
+        text += "sources:\n" + "".join(
+            f"  - {{name: {name}, kind: jsonl, path: ./{name}.jsonl, media_root: ./{name}}}\n" for name in video_sources)
+    path.write_text(text)
+    return path
+
+
+def drop_video_source(demo_dir: Path, inbox: Path, name: str = "clips") -> Path:
+    """Copy the demo's video JSONL into the inbox with its media in the sibling directory of the same stem."""
+    shutil.copytree(demo_dir / "media", inbox / name)
+    shutil.copyfile(demo_dir / "video_train.jsonl", inbox / f"{name}.jsonl")
+    return inbox / f"{name}.jsonl"
+
+
+def drop_flat_source(demo_dir: Path, inbox: Path, name: str = "photos") -> Path:
+    shutil.copytree(demo_dir / "flat", inbox / name)
+    return inbox / name
