@@ -37,6 +37,9 @@ class VlmConfig(dg.ConfigurableResource):
 
 
 SOURCES_PARTITIONS = dg.DynamicPartitionsDefinition(name="sources")
+# Steps that saturate a core or the disk (token counting, shard and package writing) share this pool
+# (dagster.yaml gives each pool its slots), so parallel runs cannot oversubscribe the machine.
+HEAVY_POOL = "heavy"
 FRAME_CACHE_SHARD_PARTITIONS = dg.DynamicPartitionsDefinition(name="frame_cache_shards")
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 from vlm_assets.atomic import write_parquet
 from vlm_assets.catalog.build import build_catalog, read_catalog
 from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
-from vlm_assets.defs.resources import SOURCES_PARTITIONS, HFProcessor, VlmConfig
+from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig
 from vlm_assets.tokens.lengths import LengthCounter, LengthResult, SampleForLength
 
 LENGTH_BATCH = 512
@@ -80,6 +80,7 @@ def _length_histogram(lengths: pd.Series, max_len: int) -> str:
     deps=[sample_catalog],
     group_name="catalog",
     kinds={"parquet"},
+    pool=HEAVY_POOL,
     description="Exact token length of every catalogued sample under the configured HF processor (fast path, checked against the exact path).",
 )
 def sample_lengths(

@@ -3,7 +3,7 @@
 import dagster as dg
 
 from vlm_assets.atomic import remove_stale_temp_files
-from vlm_assets.defs.resources import VlmConfig
+from vlm_assets.defs.resources import HEAVY_POOL, VlmConfig
 from vlm_assets.package.compression import COMPRESSIONS, package_file_name
 from vlm_assets.package.recipe import spec_from_config
 from vlm_assets.package.writer import PackResult, write_package
@@ -21,6 +21,7 @@ def _roles_table(result: PackResult) -> str:
     deps=[dg.AssetKey("energon_dataset"), dg.AssetKey("frame_cache_index")],
     group_name="package",
     kinds={"tar"},
+    pool=HEAVY_POOL,
     description="packages/<name>.nnpkg (gzip) or .nnpkg.zst (zstd): manifest.json (hyperparameters, "
     "sha256 of every file) + packed WDS with .nv-meta + frame cache, per the config's `package:` section.",
 )

@@ -9,7 +9,7 @@ import pandas as pd
 from vlm_assets.atomic import atomic_open, write_parquet
 from vlm_assets.catalog.build import read_catalog
 from vlm_assets.defs.packing import checks
-from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.packing.energon import prepare_energon_dataset
 from vlm_assets.packing.plan import fill_ratio, plan_packing, read_bins
 from vlm_assets.packing.records import build_records, read_records, write_jsonl
@@ -99,6 +99,7 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
     deps=[packed_json],
     group_name=GROUP,
     kinds={"webdataset"},
+    pool=HEAVY_POOL,
     check_specs=checks.SHARD_CHECKS,
     description="Deterministic pretrain-*.tar shards of the packed records with their original media bytes.",
 )
