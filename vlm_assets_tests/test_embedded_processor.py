@@ -43,3 +43,27 @@ def test_chat_template_adds_default_system_turn_and_vision_markers(processor):
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is this?<|im_end|>\n"
         "<|im_start|>assistant\nA test.<|im_end|>\n"
     )
+
+
+def test_a_local_processor_directory_can_be_configured(tmp_path, demo_app):
+    """Any HF processor directory works: here a copy of the embedded one, with processor_kwargs applied."""
+    import shutil
+
+    from vlm_assets.catalog.build import build_catalog
+    from vlm_assets.config import ModelConfig, parse_config
+    from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
+    from vlm_assets.tokens.processor import embedded_processor_dir, load_processor
+
+    local = tmp_path / "my-processor"
+    shutil.copytree(embedded_processor_dir(), local)
+    config = parse_config({"model": {"processor": "./my-processor", "processor_kwargs": {"max_pixels": 50176}}},
+                          tmp_path / "cfg.yaml")
+    assert config.model.processor == str(local)
+    processor = load_processor(config.model)
+    reference = load_processor(ModelConfig(processor_kwargs={"max_pixels": 50176}))
+    frame = build_catalog(demo_app.source("demo_images"))
+    ok = frame[frame.status == "ok"]
+    samples = [SampleForLength(r.sample_id, r.messages, list(r.media_kinds), list(r.media_refs)) for r in ok.itertuples()]
+    ours = LengthCounter(processor, demo_app.frame_cache).fast_many(samples)
+    assert ours == LengthCounter(reference, demo_app.frame_cache).fast_many(samples)
+    assert max(result.image_tokens for result in ours) <= 2 * 50176 // (28 * 28)
