@@ -136,3 +136,13 @@ def test_wds_tar_with_named_media_members(tmp_path):
             archive.addfile(info, io.BytesIO(data))
     row = build_catalog(SourceConfig("w", "wds", shard.parent, shard.parent)).iloc[0]
     assert row.status == "rejected" and "unreadable image" in row.reason  # empty member, found by name
+
+
+def test_record_without_a_conversation_is_rejected_with_no_messages(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"images": []}))
+    (tmp_path / "b.json").write_text(json.dumps({"messages": [{"role": "system", "content": "only a system turn"}]}))
+    (tmp_path / "c.json").write_text(json.dumps(["not", "an", "object"]))
+    rows = by_id(build_catalog(SourceConfig("n", "flat_dir", tmp_path, tmp_path)))
+    assert rows["n/a.json"].reason.startswith("no messages")
+    assert rows["n/b.json"].reason.startswith("no messages")
+    assert "expected a JSON object" in rows["n/c.json"].reason
