@@ -238,7 +238,7 @@ def test_rotated_mov_is_turned_upright():
     with opened_video(str(REAL / "decord/tests/test_data/video_90.mov")) as (container, stream):
         frame = next(container.decode(stream))
         assert frame.rotation == -90
-        raw = frame.reformat(width=32, height=32, format="rgb24", interpolation="BICUBIC").to_ndarray()
+        raw = frame.reformat(width=32, height=32, interpolation="BICUBIC").to_ndarray(format="rgb24")
         assert np.array_equal(frame_to_rgb(frame, 32), np.rot90(raw, -1))  # 90° clockwise for display
 
 

@@ -12,7 +12,9 @@ import io
 import json
 import tarfile
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -157,18 +159,34 @@ def build_shard(
     return record
 
 
+RESIZE_QUEUE_DEPTH = 8
+
+
 def render_mosaic(video: PlannedVideo, config: FrameCacheConfig, threads: int = DEFAULT_DECODER_THREADS) -> bytes:
-    """Decode the planned frames straight into the mosaic and encode it as JPEG."""
+    """Decode the planned frames straight into the mosaic and encode it as JPEG.
+
+    Resizing runs on a helper thread while the next frames decode (both release the GIL), so a
+    lone worker uses a second core; the bounded queue keeps at most a few decoded frames alive.
+    """
     probe = probe_video(video.ref)
     canvas = mosaic_canvas(config.rows, config.cols, config.frame_size)
     positions: dict[int, list[int]] = {}
     for position, index in enumerate(video.frame_indices):
         positions.setdefault(index, []).append(position)
-    with opened_video(video.ref, threads) as (container, stream):
+
+    def place(frame: av.VideoFrame, cells: list[int]) -> None:
+        tile = frame_to_rgb(frame, config.frame_size)
+        for position in cells:
+            place_tile(canvas, position, config.cols, tile)
+
+    with ThreadPoolExecutor(max_workers=1) as resizer, opened_video(video.ref, threads) as (container, stream):
+        pending: deque[Future[None]] = deque()
         for index, frame in iter_sampled_frames(container, stream, probe, video.frame_indices, describe_ref(video.ref)):
-            tile = frame_to_rgb(frame, config.frame_size)
-            for position in positions[index]:
-                place_tile(canvas, position, config.cols, tile)
+            pending.append(resizer.submit(place, frame, positions[index]))
+            if len(pending) > RESIZE_QUEUE_DEPTH:
+                pending.popleft().result()
+        for placed in pending:
+            placed.result()
     return encode_jpeg(canvas, config.jpeg_quality)
 
 
