@@ -187,6 +187,7 @@ def test_new_videos_flow_and_nightly_integrity(tmp_path, instance, demo_config_p
     follow = follow_upstream_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=follow_cursor, definitions=defs))
     followers = {key.to_user_string() for request in follow.run_requests for key in request.asset_selection}
     assert "video_frame_plan" in followers and "energon_dataset" not in followers
+    assert "frame_cache_index" not in followers  # it waits for the shards the new plan will add
 
     _materialize(defs, instance, ["video_frame_plan"])
     shards = tick(frame_cache_shards_sensor, instance, defs)
