@@ -1,13 +1,15 @@
-"""Resources shared by every domain: the user's config and the storage layout under it."""
+"""Resources shared by every domain: the user's config, the storage layout under it, and the HF processor."""
 
-
-from functools import cached_property
+import json
+from functools import cached_property, lru_cache
+from typing import Any
 
 import dagster as dg
 
-from vlm_assets.config import AppConfig, ConfigError, SourceConfig, load_config
+from vlm_assets.config import AppConfig, ConfigError, ModelConfig, SourceConfig, load_config
 from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
+from vlm_assets.tokens.processor import load_processor, processor_fingerprint
 
 
 class VlmConfig(dg.ConfigurableResource):
@@ -48,23 +50,15 @@ class HFProcessor(dg.ConfigurableResource):
 
     vlm_config: VlmConfig
 
-    def load(self):
-        from vlm_assets.tokens.processor import load_processor
-
+    def load(self) -> Any:
         model = self.vlm_config.app.model
-        return _load_cached(model.processor, tuple(sorted(model.processor_kwargs.items())), load_processor, model)
+        return _cached_processor(model.processor, json.dumps(model.processor_kwargs, sort_keys=True))
 
     def fingerprint(self) -> str:
-        from vlm_assets.tokens.processor import processor_fingerprint
-
         return processor_fingerprint(self.vlm_config.app.model)
 
 
-_PROCESSORS: dict[tuple, object] = {}
-
-
-def _load_cached(name: str, kwargs: tuple, loader, model):
-    key = (name, kwargs)
-    if key not in _PROCESSORS:
-        _PROCESSORS[key] = loader(model)
-    return _PROCESSORS[key]
+@lru_cache(maxsize=4)
+def _cached_processor(processor: str, kwargs_json: str) -> Any:
+    """Loading takes seconds; every asset and check of a run shares one instance per setting."""
+    return load_processor(ModelConfig(processor=processor, processor_kwargs=json.loads(kwargs_json)))

@@ -55,6 +55,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     write_parquet(plan.bins, bins_path)
     write_parquet(plan.rejects, rejects_path)
 
+    # Metadata and checks judge what landed on disk, not what we meant to write.
     bins, rejects = read_bins(bins_path), pd.read_parquet(rejects_path)
     packed_lengths = np.asarray([length for values in bins["lengths"] for length in values], dtype=np.int64)
     yield dg.MaterializeResult(
