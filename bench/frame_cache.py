@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vlm_assets.config import FrameCacheConfig  # noqa: E402
-from vlm_assets.frames.decode import frame_to_rgb, iter_sampled_frames, opened_video  # noqa: E402
+from vlm_assets.frames.decode import FrameResizer, iter_sampled_frames, opened_video  # noqa: E402
 from vlm_assets.frames.mosaic import encode_jpeg, tile_frames  # noqa: E402
 from vlm_assets.frames.plan import PlannedVideo, extend_plan  # noqa: E402
 from vlm_assets.frames.probe import VideoError, VideoProbe, probe_video  # noqa: E402
@@ -76,6 +76,7 @@ def naive_mosaic(video: PlannedVideo) -> float:
     started = time.perf_counter()
     probe = probe_video(video.ref)
     tiles = []
+    resize = FrameResizer(CONFIG.frame_size)
     try:
         with opened_video(video.ref) as (container, stream):
             for index in video.frame_indices:
@@ -86,7 +87,7 @@ def naive_mosaic(video: PlannedVideo) -> float:
                     chosen = frame
                     if frame.pts is not None and frame.pts >= target:
                         break
-                tiles.append(frame_to_rgb(chosen, CONFIG.frame_size))
+                tiles.append(resize(chosen))
         encode_jpeg(tile_frames(tiles, CONFIG.rows, CONFIG.cols, CONFIG.frame_size), CONFIG.jpeg_quality)
     except av.error.FFmpegError:
         pass  # broken video: every method pays for reaching the error, none produces output

@@ -23,7 +23,7 @@ from vlm_assets.config import FrameCacheConfig
 from vlm_assets.defs.frame_cache import defs as frame_cache_defs
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig
 from vlm_assets.frames import cli as frames_cli
-from vlm_assets.frames.decode import decode_sampled_frames, frame_to_rgb, opened_video, should_seek
+from vlm_assets.frames.decode import FrameResizer, decode_sampled_frames, opened_video, should_seek
 from vlm_assets.frames.index import verify_coverage, verify_shard, write_index
 from vlm_assets.frames.plan import KnownFrames, extend_plan, load_frames_source, read_plan, shard_members, write_plan
 from vlm_assets.frames.probe import VideoError, probe_video, sample_indices
@@ -86,8 +86,9 @@ def frame_number(frame: np.ndarray) -> int:
 
 def all_frames(path: str, size: int) -> list[np.ndarray]:
     """Reference: every frame decoded front to back, no seeking."""
+    resize = FrameResizer(size)
     with opened_video(path) as (container, stream):
-        return [frame_to_rgb(frame, size) for frame in container.decode(stream)]
+        return [resize(frame) for frame in container.decode(stream)]
 
 
 def write_catalog(root: Path, source: str, refs: list[tuple[str, str]]) -> Path:
@@ -234,12 +235,22 @@ def test_real_videos_match_front_to_back_decoding(name):
     assert all(np.array_equal(frame, reference[index]) for frame, index in zip(frames, indices))
 
 
+def test_resizer_reused_across_frame_sizes_matches_a_fresh_reformat():
+    rng = np.random.default_rng(7)
+    resize = FrameResizer(48)
+    for width, height, pix_fmt in ((320, 240, "yuv420p"), (128, 96, "yuv420p"), (200, 120, "rgb24")):
+        image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format=pix_fmt)
+        fresh = frame.reformat(width=48, height=48, interpolation="BICUBIC").to_ndarray(format="rgb24")
+        assert np.array_equal(resize(frame), fresh)
+
+
 def test_rotated_mov_is_turned_upright():
     with opened_video(str(REAL / "decord/tests/test_data/video_90.mov")) as (container, stream):
         frame = next(container.decode(stream))
         assert frame.rotation == -90
         raw = frame.reformat(width=32, height=32, interpolation="BICUBIC").to_ndarray(format="rgb24")
-        assert np.array_equal(frame_to_rgb(frame, 32), np.rot90(raw, -1))  # 90° clockwise for display
+        assert np.array_equal(FrameResizer(32)(frame), np.rot90(raw, -1))  # 90° clockwise for display
 
 
 def test_shard_records_failures_and_completes(clips, tmp_path):

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
 from vlm_assets.catalog.media import describe_ref
 from vlm_assets.frames.probe import VideoError, VideoProbe, open_video
@@ -115,16 +116,26 @@ def _by_counting(frames: Iterator[av.VideoFrame], targets: list[int], name: str)
         raise VideoError(f"{name}: stream ended before frame {target} (truncated?)")
 
 
-def frame_to_rgb(frame: av.VideoFrame, size: int) -> np.ndarray:
+class FrameResizer:
     """Bicubic resize to size×size RGB, then turn as the display matrix says.
 
     Resizing in the decoder's own pixel format first and converting the small frame to RGB after
     is about a third cheaper than one combined reformat (subsampled chroma planes are smaller).
+    The two scalers are kept across frames: `frame.reformat` builds a fresh swscale context with
+    its filter tables on every call, which costs twice the scaling itself at these sizes.
+    One instance per thread (swscale contexts are not shareable).
     """
-    resized = frame.reformat(width=size, height=size, interpolation="BICUBIC")
-    rgb = resized.to_ndarray(format="rgb24")
-    quarter_turns = round((frame.rotation or 0) / 90) % 4
-    return np.rot90(rgb, quarter_turns) if quarter_turns else rgb
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._scaler = VideoReformatter()
+        self._to_rgb = VideoReformatter()
+
+    def __call__(self, frame: av.VideoFrame) -> np.ndarray:
+        resized = self._scaler.reformat(frame, width=self.size, height=self.size, interpolation="BICUBIC")
+        rgb = self._to_rgb.reformat(resized, format="rgb24").to_ndarray()
+        quarter_turns = round((frame.rotation or 0) / 90) % 4
+        return np.rot90(rgb, quarter_turns) if quarter_turns else rgb
 
 
 def decode_sampled_frames(
@@ -133,7 +144,8 @@ def decode_sampled_frames(
     """The frames at `indices` (repeats allowed), each size×size×3 uint8."""
     name = describe_ref(ref)
     by_index: dict[int, np.ndarray] = {}
+    resize = FrameResizer(size)
     with opened_video(ref, threads) as (container, stream):
         for index, frame in iter_sampled_frames(container, stream, probe, indices, name):
-            by_index[index] = frame_to_rgb(frame, size)
+            by_index[index] = resize(frame)
     return [by_index[index] for index in indices]

@@ -29,7 +29,9 @@ def tile_frames(frames: Iterable[np.ndarray], rows: int, cols: int, size: int) -
 
 def encode_jpeg(canvas: np.ndarray, quality: int) -> bytes:
     buffer = io.BytesIO()
-    Image.fromarray(canvas).save(buffer, format="JPEG", quality=quality)
+    # frombuffer wraps the canvas without the copy fromarray makes (28 MB for a 4×16 mosaic of 384 px).
+    image = Image.frombuffer("RGB", (canvas.shape[1], canvas.shape[0]), np.ascontiguousarray(canvas), "raw", "RGB", 0, 1)
+    image.save(buffer, format="JPEG", quality=quality)
     return buffer.getvalue()
 
 

@@ -23,7 +23,7 @@ import av
 from vlm_assets.atomic import atomic_path, atomic_write_text
 from vlm_assets.catalog.media import describe_ref
 from vlm_assets.config import FrameCacheConfig
-from vlm_assets.frames.decode import DEFAULT_DECODER_THREADS, frame_to_rgb, iter_sampled_frames, opened_video
+from vlm_assets.frames.decode import DEFAULT_DECODER_THREADS, FrameResizer, iter_sampled_frames, opened_video
 from vlm_assets.frames.mosaic import encode_jpeg, mosaic_canvas, place_tile
 from vlm_assets.frames.plan import PlannedVideo
 from vlm_assets.frames.probe import VideoError, probe_video
@@ -173,9 +173,10 @@ def render_mosaic(video: PlannedVideo, config: FrameCacheConfig, threads: int = 
     positions: dict[int, list[int]] = {}
     for position, index in enumerate(video.frame_indices):
         positions.setdefault(index, []).append(position)
+    resize = FrameResizer(config.frame_size)  # used on the helper thread only
 
     def place(frame: av.VideoFrame, cells: list[int]) -> None:
-        tile = frame_to_rgb(frame, config.frame_size)
+        tile = resize(frame)
         for position in cells:
             place_tile(canvas, position, config.cols, tile)
 
