@@ -13,6 +13,9 @@ class StorageLayout:
     def catalog(self, source: str) -> Path:
         return self.root / "catalog" / f"{source}.parquet"
 
+    def media_checks(self, source: str) -> Path:
+        return self.root / "catalog" / f"{source}.media_checks.jsonl"
+
     def lengths(self, source: str) -> Path:
         return self.root / "lengths" / f"{source}.parquet"
 

@@ -2,7 +2,8 @@ import json
 import tarfile
 from pathlib import Path
 
-from vlm_assets.catalog.build import build_catalog
+from vlm_assets.catalog.build import MediaValidator, build_catalog, iter_catalog_rows
+from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.messages import normalize_record
 from vlm_assets.config import SourceConfig
 
@@ -146,3 +147,61 @@ def test_record_without_a_conversation_is_rejected_with_no_messages(tmp_path):
     assert rows["n/a.json"].reason.startswith("no messages")
     assert rows["n/b.json"].reason.startswith("no messages")
     assert "expected a JSON object" in rows["n/c.json"].reason
+
+
+def _media_source(tmp_path, shared_data):
+    """A jsonl source over copies of two real videos, a real image and a corrupted video."""
+    media = tmp_path / "media"
+    media.mkdir()
+    real = {
+        "a.mp4": shared_data / "LLaMA-Factory/data/mllm_demo_data/4.mp4",
+        "b.avi": shared_data / "LLaMA-Factory/data/mllm_demo_data/2.avi",
+        "c.jpg": shared_data / "Pillow/Tests/images/hopper_gray.jpg",
+        "bad.mp4": shared_data / "decord/tests/test_data/corrupted.mp4",
+    }
+    lines = []
+    for name, path in real.items():
+        (media / name).write_bytes(path.read_bytes())
+        field = "images" if name.endswith(".jpg") else "videos"
+        lines.append(json.dumps({"id": name, "messages": [{"role": "user", "content": "?"}], field: [name]}))
+    (tmp_path / "s.jsonl").write_text("\n".join(lines) + "\n")
+    return SourceConfig("s", "jsonl", tmp_path / "s.jsonl", media), media
+
+
+def _build(source, log_path):
+    validator = MediaValidator(8, MediaCheckLog(log_path))
+    return build_catalog(source, validator=validator), validator
+
+
+def test_unchanged_media_are_not_decoded_again(tmp_path, shared_data):
+    source, media = _media_source(tmp_path, shared_data)
+    log_path = tmp_path / "checks.jsonl"
+    first, validator = _build(source, log_path)
+    assert list(first.status) == ["ok", "ok", "ok", "rejected"]
+    assert (validator.decoded, validator.remembered) == (4, 0)
+
+    again, validator = _build(source, log_path)
+    assert (validator.decoded, validator.remembered) == (1, 3)  # the failure is checked again
+    assert again.drop(columns="reason").equals(first.drop(columns="reason"))
+
+    # Replaced by broken bytes: the changed file is decoded again and rejected, the rest remembered.
+    (media / "a.mp4").write_bytes((media / "a.mp4").read_bytes()[:3000])
+    changed, validator = _build(source, log_path)
+    assert list(changed.status) == ["rejected", "ok", "ok", "rejected"]
+    assert "a.mp4" in changed.iloc[0].reason
+    assert (validator.decoded, validator.remembered) == (2, 2)
+    remembered = [json.loads(line)["ref"] for line in log_path.read_text().splitlines()]
+    assert sorted(Path(ref).name for ref in remembered) == ["b.avi", "c.jpg"]
+
+
+def test_a_check_log_cut_short_keeps_what_it_proved(tmp_path, shared_data):
+    source, _ = _media_source(tmp_path, shared_data)
+    log_path = tmp_path / "checks.jsonl"
+    validator = MediaValidator(8, MediaCheckLog(log_path))
+    rows = iter_catalog_rows(source, "messages", validator)
+    next(rows), next(rows)  # the build stops after two records
+    validator.check_log.close()
+    with open(log_path, "a") as log:
+        log.write('{"ref": "/half-written')
+    _, resumed = _build(source, log_path)
+    assert (resumed.decoded, resumed.remembered) == (2, 2)

@@ -24,7 +24,7 @@ def test_catalog_and_lengths_materialise_per_source_with_passing_check(demo_conf
         checks = result.get_asset_check_evaluations()
         assert [c.passed for c in checks] == [True]
         metadata = result.asset_materializations_for_node("sample_catalog")[0].metadata
-        assert "rejects_by_reason" in metadata
+        assert "rejects_by_reason" in metadata and metadata["media_decoded"].value > 0
     layout = StorageLayout(tmp_path / "out")
     catalog = pd.read_parquet(layout.catalog("demo_images"))
     lengths = pd.read_parquet(layout.lengths("demo_images"))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from vlm_assets.catalog.media import kind_from_name, open_media, sniff_extension
+from vlm_assets.catalog.media_checks import MediaCheckLog, media_fingerprint
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
 from vlm_assets.catalog.sources import RawRecord, ResolvedMedia, read_source
@@ -21,17 +22,37 @@ class MediaValidator:
     """Decodes each media file once to prove it is readable; results are cached per ref.
 
     Videos are decoded at the frames the frame cache samples (`num_frames`), so a video that
-    passes here also passes token counting and frame extraction.
+    passes here also passes token counting and frame extraction. With a `check_log`, media that
+    passed in an earlier build and have not changed since are not decoded again.
     """
 
-    def __init__(self, num_frames: int = 64) -> None:
+    def __init__(self, num_frames: int = 64, check_log: MediaCheckLog | None = None) -> None:
         self.num_frames = num_frames
+        self.check_log = check_log
+        self.decoded = 0
+        self.remembered = 0
         self._errors: dict[str, str] = {}
 
     def error_for(self, ref: str, kind: str) -> str:
         if ref not in self._errors:
-            self._errors[ref] = _image_error(ref) if kind == "image" else _video_error(ref, self.num_frames)
+            self._errors[ref] = self._check(ref, kind)
         return self._errors[ref]
+
+    def _check(self, ref: str, kind: str) -> str:
+        fingerprint = None
+        if self.check_log is not None:
+            try:
+                fingerprint = media_fingerprint(ref, f"video@{self.num_frames}" if kind == "video" else kind)
+            except OSError:
+                pass  # missing file: the decode below names it
+            if fingerprint and self.check_log.passed(ref, fingerprint):
+                self.remembered += 1
+                return ""
+        self.decoded += 1
+        error = _image_error(ref) if kind == "image" else _video_error(ref, self.num_frames)
+        if not error and fingerprint and self.check_log is not None:
+            self.check_log.record_pass(ref, fingerprint)
+        return error
 
 
 def _image_error(ref: str) -> str:
@@ -118,8 +139,7 @@ def _rejected(reason: str) -> dict:
     }
 
 
-def iter_catalog_rows(source: SourceConfig, text_key: str, video_frames: int = 64) -> Iterator[dict]:
-    validator = MediaValidator(video_frames)
+def iter_catalog_rows(source: SourceConfig, text_key: str, validator: MediaValidator) -> Iterator[dict]:
     seen: set[str] = set()
     for raw in read_source(source):
         if raw.error:
@@ -140,13 +160,21 @@ def build_catalog(
     source: SourceConfig,
     text_key: str = "messages",
     progress: ProgressCallback | None = None,
-    video_frames: int = 64,
+    validator: MediaValidator | None = None,
 ) -> pd.DataFrame:
+    """`validator` (default: 64 video frames, nothing remembered) may carry a check log, compacted at the end."""
+    validator = validator or MediaValidator()
     rows = []
-    for index, row in enumerate(iter_catalog_rows(source, text_key, video_frames), start=1):
-        rows.append(row)
-        if progress and index % 1000 == 0:
-            progress(index)
+    try:
+        for index, row in enumerate(iter_catalog_rows(source, text_key, validator), start=1):
+            rows.append(row)
+            if progress and index % 1000 == 0:
+                progress(index)
+    finally:
+        if validator.check_log is not None:
+            validator.check_log.close()
+    if validator.check_log is not None:
+        validator.check_log.compact()
     return pd.DataFrame(rows, columns=list(CATALOG_COLUMNS))
 
 

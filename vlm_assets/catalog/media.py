@@ -30,6 +30,11 @@ def _parse_tar_ref(ref: str) -> tuple[int, int, str]:
     return int(offset), int(size), path
 
 
+def tar_member_path(ref: str) -> str:
+    """The tar file that holds a tar member ref."""
+    return _parse_tar_ref(ref)[2]
+
+
 def read_media_bytes(ref: str) -> bytes:
     if is_tar_ref(ref):
         offset, size, path = _parse_tar_ref(ref)

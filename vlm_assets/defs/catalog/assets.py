@@ -7,7 +7,8 @@ import dagster as dg
 import pandas as pd
 
 from vlm_assets.atomic import write_parquet
-from vlm_assets.catalog.build import build_catalog, read_catalog
+from vlm_assets.catalog.build import MediaValidator, build_catalog, read_catalog
+from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
 from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig
 from vlm_assets.tokens.lengths import LengthCounter, LengthResult, SampleForLength
@@ -34,17 +35,21 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
     app = vlm_config.app
     source = vlm_config.source(context.partition_key)
     context.log.info(f"cataloguing {source.kind} source {source.name!r} at {source.path}")
+    validator = MediaValidator(app.frame_cache.num_frames, MediaCheckLog(vlm_config.layout.media_checks(source.name)))
     frame = build_catalog(
         source,
         app.sample.text_key,
         progress=lambda n: context.log.info(f"{n} records read"),
-        video_frames=app.frame_cache.num_frames,
+        validator=validator,
     )
     path = vlm_config.layout.catalog(source.name)
     write_parquet(frame, path)
     ok = frame[frame.status == STATUS_OK]
     rejected = frame[frame.status != STATUS_OK]
-    context.log.info(f"{source.name}: {len(ok)} ok, {len(rejected)} rejected -> {path}")
+    context.log.info(
+        f"{source.name}: {len(ok)} ok, {len(rejected)} rejected -> {path} "
+        f"({validator.decoded} media decoded, {validator.remembered} unchanged since their last check)"
+    )
     return dg.MaterializeResult(
         metadata={
             "path": dg.MetadataValue.path(str(path)),
@@ -54,6 +59,8 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
             "media_type_counts": dg.MetadataValue.json(ok.media_type.value_counts().to_dict()),
             "rejects_by_reason": dg.MetadataValue.md(_reason_table(rejected.reason)),
             "multi_turn_samples": int((ok.n_turns > 2).sum()),
+            "media_decoded": validator.decoded,
+            "media_unchanged_since_last_check": validator.remembered,
         }
     )
 

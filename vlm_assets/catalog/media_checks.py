@@ -1,0 +1,75 @@
+"""Remembered media checks: a file proven readable is not decoded again until it changes.
+
+One JSON-lines log per source. A line is appended as soon as a check passes, so an interrupted
+catalogue build keeps what it already proved; a finished build rewrites the log (atomically) to
+the media it used. Only passes are remembered: a failure may be transient (network storage), so
+it is checked again on the next build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TextIO
+
+from vlm_assets.atomic import atomic_write_text
+from vlm_assets.catalog.media import is_tar_ref, tar_member_path
+
+
+def media_fingerprint(ref: str, check: str) -> str:
+    """Size and modification time of the file holding the media, plus what the check proved.
+
+    Raises OSError when the file is missing (the check itself then reports it).
+    """
+    stat = os.stat(tar_member_path(ref) if is_tar_ref(ref) else ref)
+    return f"{stat.st_size}:{stat.st_mtime_ns}:{check}"
+
+
+class MediaCheckLog:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._passed = _read_log(path)
+        self._used: dict[str, str] = {}
+        self._appender: TextIO | None = None
+
+    def passed(self, ref: str, fingerprint: str) -> bool:
+        """True when `ref` passed this check before and its file has not changed since."""
+        if self._passed.get(ref) != fingerprint:
+            return False
+        self._used[ref] = fingerprint
+        return True
+
+    def record_pass(self, ref: str, fingerprint: str) -> None:
+        if self._appender is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._appender = open(self.path, "a", encoding="utf-8")
+        self._appender.write(json.dumps({"ref": ref, "fingerprint": fingerprint}) + "\n")
+        self._appender.flush()
+        self._passed[ref] = fingerprint
+        self._used[ref] = fingerprint
+
+    def compact(self) -> None:
+        """Keep only the media of this build (drops entries of removed or changed files)."""
+        self.close()
+        lines = (json.dumps({"ref": ref, "fingerprint": fingerprint}) + "\n" for ref, fingerprint in self._used.items())
+        atomic_write_text(self.path, "".join(lines))
+
+    def close(self) -> None:
+        if self._appender is not None:
+            self._appender.close()
+            self._appender = None
+
+
+def _read_log(path: Path) -> dict[str, str]:
+    passed: dict[str, str] = {}
+    if not path.is_file():
+        return passed
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                entry = json.loads(line)
+                passed[entry["ref"]] = entry["fingerprint"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by an interrupted build: that check simply runs again
+    return passed
