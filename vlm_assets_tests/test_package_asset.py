@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -12,14 +14,24 @@ from vlm_assets.defs.package import defs as package_defs
 from vlm_assets.defs.package.assets import training_package
 from vlm_assets.defs.package.checks import package_verifies
 from vlm_assets.defs.resources import VlmConfig
+from vlm_assets.frames.plan import PlannedVideo, write_plan
 from vlm_assets.package import extract_package, read_manifest
 
 
-def write_config(tmp_path: Path, **package) -> Path:
+def write_config(tmp_path: Path, sources: tuple[str, ...] = (), **package) -> Path:
     config = tmp_path / "vlm_assets.yaml"
     settings = {"name": "exp1", "compress": "zstd", "include": ["packed_wds", "frame_cache"], "hyperparameters": {"lr": 0.001}}
     settings.update(package)
-    config.write_text(yaml.safe_dump({"storage": {"root": "./data"}, "frame_cache": {"num_frames": 4, "frame_size": 56, "rows": 1, "cols": 4}, "package": settings}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "storage": {"root": "./data"},
+                "frame_cache": {"num_frames": 4, "frame_size": 56, "rows": 1, "cols": 4},
+                "sources": [{"name": name, "kind": "flat_dir", "path": f"./raw/{name}"} for name in sources],
+                "package": settings,
+            }
+        )
+    )
     return config
 
 
@@ -105,3 +117,48 @@ def test_nothing_to_package_fails_clearly(tmp_path: Path) -> None:
     result = materialize(write_config(tmp_path))
     assert not result.success
     assert "nothing to package" in str(result.get_step_failure_events()[0].event_specific_data.error)
+
+
+def failure_message(result: dg.ExecuteInProcessResult) -> str:
+    return str(result.get_step_failure_events()[0].event_specific_data.error)
+
+
+def test_identical_inputs_give_byte_identical_packages(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    make_outputs(tmp_path / "one/data")
+    shutil.copytree(tmp_path / "one/data", tmp_path / "two/data")
+    packages = []
+    for run in ("one", "two"):
+        assert materialize(write_config(tmp_path / run)).success
+        packages.append(tmp_path / run / "data/packages/exp1.nnpkg.zst")
+    assert packages[0].read_bytes() == packages[1].read_bytes()
+    assert read_manifest(packages[0]).created_at is None
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert materialize(write_config(tmp_path / "one")).success
+    assert read_manifest(packages[0]).created_at == "2023-11-14T22:13:20Z"
+
+
+def test_a_source_without_shards_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    make_outputs(tmp_path / "data")
+    result = materialize(write_config(tmp_path, sources=("demo", "late")))
+    assert not result.success
+    message = failure_message(result)
+    assert "inputs are not ready, nothing written" in message
+    assert f"source 'late' has no packed shards: no pretrain-*.tar in {tmp_path / 'data/packed_wds/late'}" in message
+    assert "'demo'" not in message
+    assert not (tmp_path / "data/packages").exists()
+
+
+def test_a_frame_cache_missing_planned_videos_is_refused(tmp_path: Path) -> None:
+    make_outputs(tmp_path / "data")
+    cache_dir = tmp_path / "data/frame_cache/56/4"
+    write_plan(cache_dir, [PlannedVideo(f"v{i}", f"/media/{i}.mp4", [f"clip{i}"], "part-00000") for i in range(3)])
+    (cache_dir / "index.jsonl").write_text(json.dumps({"video": "clip0"}) + "\n")
+    result = materialize(write_config(tmp_path))
+    assert not result.success
+    message = failure_message(result)
+    assert "2 key(s) not covered by its index" in message and "clip1: neither cached nor failed" in message
+    assert not (tmp_path / "data/packages").exists()
+
+    assert materialize(write_config(tmp_path, include=["packed_wds"])).success, "a cache that is not packaged is not checked"

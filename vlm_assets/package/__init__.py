@@ -1,4 +1,4 @@
-"""Training packages (SPEC §5): one verified file holding the packed dataset and the training recipe."""
+"""Training packages: one verified file holding the packed dataset and the training recipe."""
 
 from vlm_assets.package.compression import (
     COMPRESSIONS,

@@ -18,7 +18,7 @@ from vlm_assets.package.manifest import PackageError
 from vlm_assets.package.reader import extract_package, read_manifest, verify_package
 from vlm_assets.package.recipe import load_recipe, spec_from_config, starter_recipe
 from vlm_assets.package.train import default_workdir, train_from_package
-from vlm_assets.package.writer import write_package
+from vlm_assets.package.writer import current_time, source_date_epoch, write_package
 
 _EPILOG = """\
 typical use:
@@ -27,6 +27,7 @@ typical use:
   vlm-assets package pack --config vlm_assets.yaml                   # what the training_package asset builds
   vlm-assets package info run.nnpkg.zst                              # reads only manifest.json
   vlm-assets package verify run.nnpkg.zst                            # recomputes every sha256
+  vlm-assets package extract run.nnpkg.zst -o DIR                    # verified; a non-empty DIR needs --force
   vlm-assets package train run.nnpkg.zst                             # verify, extract once, run train_command
 """
 
@@ -68,7 +69,9 @@ def _pack(args: argparse.Namespace) -> int:
     if args.compress:
         spec = dataclasses.replace(spec, compress=args.compress)
     output = Path(args.output) if args.output else default_dir / package_file_name(spec.name, spec.compress)
-    result = write_package(spec, output, level=args.level, threads=args.threads, log=_log)
+    # A hand-made package records when it was made, unless the build pins a time for reproducibility.
+    created_at = source_date_epoch() or current_time()
+    result = write_package(spec, output, level=args.level, threads=args.threads, created_at=created_at, log=_log)
     print(
         f"{result.path}: {len(result.manifest.files)} files, {_human(result.data_bytes)} -> {_human(result.package_bytes)} "
         f"(ratio {result.compression_ratio:.2f}, {spec.compress})"
@@ -81,7 +84,7 @@ def _info(args: argparse.Namespace) -> int:
     manifest = read_manifest(path)
     print(f"package:     {path} ({_human(path.stat().st_size)}, {detect_compression(path)} on disk)")
     print(f"name:        {manifest.name}")
-    print(f"created_at:  {manifest.created_at}")
+    print(f"created_at:  {manifest.created_at or '(not recorded)'}")
     print(f"compress:    {manifest.compress}")
     print(f"format:      {manifest.format_version}")
     print(f"files:       {len(manifest.files)} ({_human(manifest.total_size)} uncompressed)")
@@ -105,7 +108,7 @@ def _list(args: argparse.Namespace) -> int:
 def _extract(args: argparse.Namespace) -> int:
     path = Path(args.package)
     target = Path(args.output) if args.output else default_workdir(path)
-    manifest = extract_package(path, target, log=_log)
+    manifest = extract_package(path, target, force=args.force, log=_log)
     print(f"extracted and verified {len(manifest.files)} files into {target}")
     return 0
 
@@ -193,6 +196,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     extract.add_argument("package")
     extract.add_argument("-o", "--output", help="target folder (default: <package>.d)")
+    extract.add_argument(
+        "--force",
+        action="store_true",
+        help="extract into a folder that is not empty: the package's files replace those at the same paths, "
+        "nothing else is touched (a failed extraction still leaves the folder as it was)",
+    )
     extract.set_defaults(func=_guarded(_extract))
 
     train = commands.add_parser(

@@ -1,4 +1,4 @@
-"""The `manifest.json` that opens every training package (SPEC §5).
+"""The `manifest.json` that opens every training package.
 
 The manifest is the package's table of contents and its integrity record: every
 data member is listed with its role, archive path, size and sha256, so a reader
@@ -35,7 +35,7 @@ class FileEntry:
 @dataclass(frozen=True)
 class Manifest:
     name: str
-    created_at: str
+    created_at: str | None  # None (JSON null): no time recorded, so identical inputs give identical bytes
     compress: str
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     train_command: str = ""
@@ -66,6 +66,10 @@ class Manifest:
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_json(), indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def role_root(role: str) -> str:
@@ -105,7 +109,7 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
         )
         manifest = Manifest(
             name=str(data["name"]),
-            created_at=str(data["created_at"]),
+            created_at=_optional_text(data["created_at"]),
             compress=str(data["compress"]),
             hyperparameters=dict(data.get("hyperparameters") or {}),
             train_command=str(data.get("train_command") or ""),

@@ -3,7 +3,8 @@
 Nothing here seeks, so every operation is one sequential pass and `read_manifest`
 stops after the first member. Extraction trusts nothing in the archive: a member
 must be a regular file with a plain relative name that the manifest lists, and
-files are written only below the target, never through a symlink found there.
+files are written only below the target, never through a symlink found there,
+and only once the whole package has checked out.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import tarfile
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,93 +177,174 @@ def verify_package(path: str | os.PathLike[str], *, log: Log | None = None) -> V
     return VerifyReport(Path(path), package.manifest, checked_files, checked_bytes, tuple(problems))
 
 
-class _ExtractionLog:
-    """What an extraction created, so a failed one can be removed again."""
+class _Extraction:
+    """Members staged under temporary names beside their destinations, and the folders created for them.
+
+    Nothing the target already held changes until `commit`, so a failed extraction
+    is undone by `discard`, which removes only what the extraction itself made.
+    """
 
     def __init__(self) -> None:
-        self.files: list[Path] = []
-        self.dirs: list[Path] = []
+        self.created_dirs: list[Path] = []
+        self.staged: list[tuple[Path, Path]] = []  # (temporary file, destination)
 
-    def undo(self) -> None:
-        for file in reversed(self.files):
-            file.unlink(missing_ok=True)
-        for directory in reversed(self.dirs):
-            with contextlib.suppress(OSError):
+    def open_target(self, target: Path, force: bool) -> Path:
+        """Create `target` (and missing parents) or check that an existing one may be extracted into."""
+        if target.is_dir():
+            if not force and any(target.iterdir()):
+                raise PackageError(
+                    f"{target}: directory is not empty; pass --force to extract into it anyway "
+                    "(files the package lists are replaced, nothing else is touched)"
+                )
+            return target.resolve()
+        if os.path.lexists(target):
+            raise PackageError(f"{target}: exists and is not a directory")
+        missing = [target]
+        while not missing[-1].parent.exists():
+            missing.append(missing[-1].parent)
+        for directory in reversed(missing):
+            directory.mkdir()
+            self.created_dirs.append(directory)
+        return target.resolve()
+
+    def _parent(self, root: Path, archive_path: str) -> Path:
+        """Create the member's parent folders below `root`, refusing to pass through a symlink."""
+        parent = root
+        for part in archive_path.split("/")[:-1]:
+            parent = parent / part
+            if parent.is_symlink():
+                raise PackageError(f"{archive_path}: refusing to write through symlink {parent}")
+            if not parent.exists():
+                parent.mkdir()
+                self.created_dirs.append(parent)
+            elif not parent.is_dir():
+                raise PackageError(f"{archive_path}: {parent} exists and is not a directory")
+        return parent
+
+    def stage(self, package: PackageStream, member: tarfile.TarInfo, root: Path) -> str:
+        """Write `member` to a new temporary file beside its destination; returns the data's sha256."""
+        parent = self._parent(root, member.name)
+        destination = parent / member.name.rsplit("/", 1)[-1]
+        if destination.is_dir() and not destination.is_symlink():
+            raise PackageError(f"{package.path}: cannot extract {member.name}: {destination} is a directory")
+        digest = hashlib.sha256()
+        try:
+            # A fresh random name (`.<name>.<random>.tmp`, which packing skips) never clobbers a file already there.
+            fd, name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=parent)
+            self.staged.append((Path(name), destination))
+            with os.fdopen(fd, "wb") as out:
+                # mkstemp makes owner-only files; extracted data is for other users and tools too.
+                os.fchmod(out.fileno(), 0o644)
+                for chunk in package.chunks(member):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except OSError as error:
+            raise PackageError(f"cannot extract {member.name} to {destination}: {error.strerror or error}") from error
+        return digest.hexdigest()
+
+    def commit(self) -> None:
+        """Rename every staged file into place; if a rename fails, put back every file replaced so far."""
+        placed: list[tuple[Path, Path | None]] = []  # (destination, the file it replaced, moved aside)
+        try:
+            for temp, destination in self.staged:
+                placed.append((destination, _move_aside(destination)))
+                # os.replace swaps a symlink at the destination for the file; it never writes through it.
+                os.replace(temp, destination)
+        except OSError as error:
+            _restore(placed)
+            raise PackageError(f"cannot move {destination} into place: {error.strerror or error}") from error
+        except BaseException:
+            _restore(placed)
+            raise
+        for _, aside in placed:
+            if aside is not None:
+                aside.unlink()
+
+    def discard(self) -> None:
+        for temp, _ in self.staged:
+            temp.unlink(missing_ok=True)
+        for directory in reversed(self.created_dirs):
+            with contextlib.suppress(OSError):  # not empty: someone else wrote there meanwhile
                 directory.rmdir()
 
 
-def _safe_parent(target: Path, archive_path: str, created: _ExtractionLog) -> Path:
-    """Create the member's parent folders below `target`, refusing to pass through a symlink."""
-    parent = target
-    for part in archive_path.split("/")[:-1]:
-        parent = parent / part
-        if parent.is_symlink():
-            raise PackageError(f"{archive_path}: refusing to write through symlink {parent}")
-        if not parent.exists():
-            parent.mkdir()
-            created.dirs.append(parent)
-        elif not parent.is_dir():
-            raise PackageError(f"{archive_path}: {parent} exists and is not a directory")
-    return parent
+def _move_aside(destination: Path) -> Path | None:
+    """Rename an existing `destination` to a fresh temporary name beside it, so a failed commit can restore it."""
+    if not os.path.lexists(destination):
+        return None
+    fd, name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
+    os.close(fd)
+    try:
+        os.replace(destination, name)
+    except BaseException:
+        os.unlink(name)
+        raise
+    return Path(name)
+
+
+def _restore(placed: list[tuple[Path, Path | None]]) -> None:
+    for destination, aside in reversed(placed):
+        if aside is None:
+            destination.unlink(missing_ok=True)
+        else:
+            os.replace(aside, destination)
 
 
 def extract_package(
-    path: str | os.PathLike[str], target: str | os.PathLike[str], *, log: Log | None = None
+    path: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    *,
+    force: bool = False,
+    log: Log | None = None,
 ) -> Manifest:
-    """Verify and extract into `target` in one pass; on any problem remove what was written and raise."""
+    """Verify and extract into `target` in one pass; the target changes only if the whole package checks out.
+
+    A `target` that already holds anything is refused unless `force`; with it, the
+    package's files replace those at the same paths and everything else stays.
+    Members are written under temporary names and renamed into place only after
+    every checksum and the end of the compressed stream have been checked, so a
+    damaged, truncated or hostile package leaves the target exactly as it was
+    (folders the extraction created are removed again). Until then a file being
+    replaced and its new version both take disk space.
+    """
     log = log or (lambda message: None)
-    target = Path(target)
-    target.mkdir(parents=True, exist_ok=True)
-    target = target.resolve()
-    created = _ExtractionLog()
+    extraction = _Extraction()
     try:
-        with open_package(path) as package:
-            manifest = package.manifest
-            expected = manifest.by_path()
-            seen: set[str] = set()
-            mismatches: list[str] = []
-            total = manifest.total_size
-            done = 0
-            next_report = total / 10
-            for member in package.members():
-                problem = _member_problem(member, expected, seen)
-                if problem:
-                    raise PackageError(f"{package.path}: refusing to extract: {problem}")
-                seen.add(member.name)
-                digest = _extract_member(package, member, target, created)
-                if digest != expected[member.name].sha256:
-                    mismatches.append(f"{member.name}: sha256 mismatch")
-                done += member.size
-                if total and done >= next_report:
-                    log(f"  {done / total:.0%} extracted ({done / 1e6:.0f} / {total / 1e6:.0f} MB)")
-                    next_report = done + total / 10
-            missing = _missing_problems(expected, seen)
-            if missing:
-                raise PackageError(f"{package.path}: package is truncated or incomplete: " + "; ".join(missing[:5]))
-            package.finish()
-            if mismatches:
-                raise PackageError(f"{package.path}: checksum verification failed: " + "; ".join(mismatches))
+        root = extraction.open_target(Path(target), force)
+        manifest = _stage_members(Path(path), root, extraction, log)
+        extraction.commit()
     except BaseException:
-        created.undo()
+        extraction.discard()
         raise
-    log(f"extracted {len(seen)} files ({total / 1e6:.1f} MB) into {target}")
+    log(f"extracted {len(manifest.files)} files ({manifest.total_size / 1e6:.1f} MB) into {root}")
     return manifest
 
 
-def _extract_member(package: PackageStream, member: tarfile.TarInfo, target: Path, created: _ExtractionLog) -> str:
-    parent = _safe_parent(target, member.name, created)
-    destination = parent / member.name.rsplit("/", 1)[-1]
-    if destination.is_dir() and not destination.is_symlink():
-        raise PackageError(f"{member.name}: {destination} exists and is a directory")
-    temp = parent / f".{destination.name}.extract.tmp"
-    digest = hashlib.sha256()
-    created.files.append(temp)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb", buffering=0) as out:
-        for chunk in package.chunks(member):
-            digest.update(chunk)
-            out.write(chunk)
-    # os.replace swaps a symlink at the destination for the file; it never writes through it.
-    os.replace(temp, destination)
-    created.files[-1] = destination
-    return digest.hexdigest()
+def _stage_members(path: Path, root: Path, extraction: _Extraction, log: Log) -> Manifest:
+    """Stage every member and check it against the manifest; raise on the first reason not to commit."""
+    with open_package(path) as package:
+        manifest = package.manifest
+        expected = manifest.by_path()
+        seen: set[str] = set()
+        mismatches: list[str] = []
+        total = manifest.total_size
+        done = 0
+        next_report = total / 10
+        for member in package.members():
+            problem = _member_problem(member, expected, seen)
+            if problem:
+                raise PackageError(f"{package.path}: refusing to extract: {problem}")
+            seen.add(member.name)
+            if extraction.stage(package, member, root) != expected[member.name].sha256:
+                mismatches.append(f"{member.name}: sha256 mismatch")
+            done += member.size
+            if total and done >= next_report:
+                log(f"  {done / total:.0%} extracted ({done / 1e6:.0f} / {total / 1e6:.0f} MB)")
+                next_report = done + total / 10
+        missing = _missing_problems(expected, seen)
+        if missing:
+            raise PackageError(f"{package.path}: package is truncated or incomplete: " + "; ".join(missing[:5]))
+        package.finish()
+        if mismatches:
+            raise PackageError(f"{package.path}: checksum verification failed: " + "; ".join(mismatches))
+    return manifest

@@ -77,7 +77,8 @@ def prepare_workdir(package: Path, workdir: Path | None = None, *, rehash: bool 
         log(f"manifest changed or extraction incomplete: clearing {data_dir}")
         shutil.rmtree(data_dir)
     log(f"verifying and extracting {package} into {workdir}")
-    extracted = extract_package(package, workdir, log=log)
+    # The workdir is meant to hold more than the package (training outputs, logs); data/ was cleared above.
+    extracted = extract_package(package, workdir, force=True, log=log)
     if extracted.to_bytes() != manifest_bytes:
         raise PackageError(f"{package}: package changed while it was being extracted")
     atomic_write_bytes(marker, manifest_bytes)

@@ -232,6 +232,33 @@ def _runs(sources: list[_Source], stored: list[bool]) -> Iterator[tuple[list[_So
             start = index
 
 
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+SOURCE_DATE_EPOCH = "SOURCE_DATE_EPOCH"
+
+
+def current_time() -> str:
+    """The wall clock as a manifest `created_at` (UTC, whole seconds)."""
+    return datetime.now(UTC).strftime(_TIME_FORMAT)
+
+
+def source_date_epoch() -> str | None:
+    """$SOURCE_DATE_EPOCH as a manifest `created_at`, or None when it is unset or empty.
+
+    The reproducible-builds convention: a build that must give the same bytes
+    every time takes its timestamp from this variable, never from the clock.
+    """
+    raw = os.environ.get(SOURCE_DATE_EPOCH, "")
+    if not raw:
+        return None
+    problem = f"{SOURCE_DATE_EPOCH}={raw!r}: expected whole seconds since 1970-01-01 UTC"
+    if not (raw.isascii() and raw.isdigit()):
+        raise PackageError(problem)
+    try:
+        return datetime.fromtimestamp(int(raw), UTC).strftime(_TIME_FORMAT)
+    except (ValueError, OverflowError, OSError) as error:  # beyond the years datetime can represent
+        raise PackageError(problem) from error
+
+
 def write_package(
     spec: PackageSpec,
     out_path: Path,
@@ -244,6 +271,10 @@ def write_package(
 ) -> PackResult:
     """Write `spec` to `out_path` atomically (temp file + rename) and return what was written.
 
+    `created_at` is stored in the manifest as given. The default, None, records no
+    time (JSON null), so the package is a function of its inputs alone: identical
+    data and spec give byte-identical files whenever and wherever they are written.
+    Pass `current_time()` or `source_date_epoch()` to record one.
     `threads`: zstd worker threads (default: all CPUs; 0 compresses in the calling thread).
     `store_incompressible`: files a quick probe finds incompressible go into uncompressed
     frames instead of through the compressor (much faster, at most ~3% larger for them).
@@ -256,7 +287,7 @@ def write_package(
     def manifest_with(digests: list[str]) -> Manifest:
         return Manifest(
             name=spec.name,
-            created_at=created_at or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            created_at=created_at,
             compress=spec.compress,
             hyperparameters=dict(spec.hyperparameters),
             train_command=spec.train_command,
@@ -264,7 +295,6 @@ def write_package(
         )
 
     placeholder = manifest_with(["0" * 64] * len(sources))
-    created_at = placeholder.created_at
     head_tar_bytes = len(_manifest_member(placeholder))
     head_length = len(stored_frame(_manifest_member(placeholder), spec.compress))
 

@@ -5,8 +5,9 @@ import dagster as dg
 from vlm_assets.atomic import remove_stale_temp_files
 from vlm_assets.defs.resources import HEAVY_POOL, VlmConfig
 from vlm_assets.package.compression import COMPRESSIONS, package_file_name
+from vlm_assets.package.readiness import input_problems
 from vlm_assets.package.recipe import spec_from_config
-from vlm_assets.package.writer import PackResult, write_package
+from vlm_assets.package.writer import PackResult, source_date_epoch, write_package
 
 
 def _roles_table(result: PackResult) -> str:
@@ -23,16 +24,30 @@ def _roles_table(result: PackResult) -> str:
     kinds={"tar"},
     pool=HEAVY_POOL,
     description="packages/<name>.nnpkg (gzip) or .nnpkg.zst (zstd): manifest.json (hyperparameters, "
-    "sha256 of every file) + packed WDS with .nv-meta + frame cache, per the config's `package:` section.",
+    "sha256 of every file) + packed WDS with .nv-meta + frame cache, per the config's `package:` section. "
+    "Refuses to run while a configured source has no shards or the frame cache misses planned videos. "
+    "Byte-identical for identical inputs: the manifest's created_at is null unless $SOURCE_DATE_EPOCH is set.",
 )
 def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
-    app = vlm_config.app
-    packages_dir = vlm_config.layout.packages
+    """Write the package; its bytes depend only on the data and the `package:` settings.
+
+    No wall-clock time goes in, so rematerialising unchanged inputs rewrites the
+    same bytes (downstream copies, caches and checksums stay valid). A build that
+    wants a timestamp sets $SOURCE_DATE_EPOCH; it becomes the manifest's created_at.
+    """
+    app, layout = vlm_config.app, vlm_config.layout
+    problems = input_problems(app, layout)
+    if problems:
+        raise dg.Failure(
+            description="training_package: inputs are not ready, nothing written:\n" + "\n".join(f"- {p}" for p in problems),
+            metadata={"problems": dg.MetadataValue.json(problems)},
+        )
+    packages_dir = layout.packages
     spec = spec_from_config(app, warn=context.log.warning)
     target = packages_dir / package_file_name(spec.name, spec.compress)
     for stale in remove_stale_temp_files(packages_dir):
         context.log.info(f"removed temp file of an interrupted run: {stale}")
-    result = write_package(spec, target, log=context.log.info)
+    result = write_package(spec, target, created_at=source_date_epoch(), log=context.log.info)
     # Only one package per name: a file left by the other compression would be out of date.
     for other in COMPRESSIONS:
         old = packages_dir / package_file_name(spec.name, other)
