@@ -276,6 +276,8 @@ def write_package(
     data and spec give byte-identical files whenever and wherever they are written.
     Pass `current_time()` or `source_date_epoch()` to record one.
     `threads`: zstd worker threads (default: all CPUs; 0 compresses in the calling thread).
+    Every count from 1 up gives the same bytes; 0 is zstd's single-threaded mode, whose
+    frames differ, so reproducible builds leave `threads` at its default or above 0.
     `store_incompressible`: files a quick probe finds incompressible go into uncompressed
     frames instead of through the compressor (much faster, at most ~3% larger for them).
     """
