@@ -11,7 +11,6 @@ import hashlib
 import io
 import json
 import tarfile
-import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,14 +52,14 @@ class ShardFailure:
 
 @dataclass(frozen=True)
 class ShardRecord:
-    """Contents of part-NNNNN.done.json."""
+    """Contents of part-NNNNN.done.json: only what the shard's bytes determine, so a rebuild
+    writes it byte for byte again (no timings; older records' `seconds` is ignored)."""
 
     shard: str
     plan_digest: str
     tar_bytes: int
     entries: list[ShardEntry]
     failures: list[ShardFailure]
-    seconds: float
 
     @classmethod
     def from_json(cls, data: dict) -> ShardRecord:
@@ -70,7 +69,6 @@ class ShardRecord:
             tar_bytes=data["tar_bytes"],
             entries=[ShardEntry(**entry) for entry in data["entries"]],
             failures=[ShardFailure(**failure) for failure in data["failures"]],
-            seconds=data["seconds"],
         )
 
 
@@ -132,7 +130,6 @@ def build_shard(
 
     `on_video(done_count, video, error)` is called after each video ("" when it succeeded).
     """
-    started = time.perf_counter()
     cache_dir.mkdir(parents=True, exist_ok=True)
     done_path(cache_dir, shard).unlink(missing_ok=True)
     for stale in cache_dir.glob(f".{shard}.tar.*.tmp"):
@@ -159,7 +156,7 @@ def build_shard(
                 if on_video is not None:
                     on_video(count, video, error)
         tar_bytes = temporary.stat().st_size
-    record = ShardRecord(shard, plan_digest(videos, config), tar_bytes, entries, failures, round(time.perf_counter() - started, 3))
+    record = ShardRecord(shard, plan_digest(videos, config), tar_bytes, entries, failures)
     atomic_write_text(done_path(cache_dir, shard), json.dumps(asdict(record), indent=1) + "\n")
     return record
 

@@ -1,0 +1,152 @@
+"""Energon metadata: prepared aside, published atomically, byte-identical for identical shards."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from vlm_assets.packing.energon import STAGING_PREFIX, load_all_ids, prepare_energon_dataset
+
+SHARDS = {"src_a": 3, "src_b": 2}  # source -> shard count
+PER_SHARD = 5
+
+
+def write_shards(root: Path) -> tuple[list[Path], list[str]]:
+    """Small tars of `<key>.json` records, as the packer writes them; returns shards and record ids."""
+    shards, ids = [], []
+    for source, count in SHARDS.items():
+        for number in range(count):
+            path = root / source / f"pretrain-{number:06d}.tar"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+                for index in range(PER_SHARD):
+                    key = f"{source}-{number}-{index}"
+                    data = json.dumps({"id": key, "media_files": []}).encode()
+                    member = tarfile.TarInfo(f"{key}.json")
+                    member.size = len(data)
+                    tar.addfile(member, io.BytesIO(data))
+                    ids.append(key)
+            shards.append(path)
+    return shards, ids
+
+
+def metadata_bytes(root: Path) -> dict[str, bytes]:
+    """Every file Energon reads besides the shards: .nv-meta/* and the .tar.idx files."""
+    files = [path for path in (root / ".nv-meta").rglob("*") if path.is_file()] + list(root.rglob("*.tar.idx"))
+    return {path.relative_to(root).as_posix(): path.read_bytes() for path in files}
+
+
+def staging_dirs(root: Path) -> list[str]:
+    return sorted(path.name for path in root.glob(f"{STAGING_PREFIX}*"))
+
+
+def test_identical_shards_give_byte_identical_metadata_in_any_root_with_any_workers(tmp_path):
+    first_root, second_root = tmp_path / "first", tmp_path / "second" / "packed_wds"
+    first_shards, ids = write_shards(first_root)
+    second_shards, _ = write_shards(second_root)
+
+    first = prepare_energon_dataset(first_root, first_shards, "packed_vqa", workers=1)
+    second = prepare_energon_dataset(second_root, second_shards, "packed_vqa", workers=4)
+
+    reference = metadata_bytes(first_root)
+    assert sorted(reference) == sorted(
+        [f".nv-meta/{name}" for name in (".info.json", "dataset.yaml", "index.sqlite", "index.uuid", "split.yaml")]
+        + [f"{path.relative_to(first_root).as_posix()}.idx" for path in first_shards]
+    )
+    assert metadata_bytes(second_root) == reference
+    assert uuid.UUID(reference[".nv-meta/index.uuid"].decode()).version == 5
+    assert first.sample_count == second.sample_count == len(ids)
+    assert sorted(load_all_ids(second_root)) == sorted(ids)
+
+    # A re-prepare over existing metadata swaps in the same bytes and leaves nothing behind.
+    prepare_energon_dataset(first_root, first_shards, "packed_vqa", workers=2)
+    assert metadata_bytes(first_root) == reference
+    assert staging_dirs(first_root) == staging_dirs(second_root) == []
+
+
+def test_changed_shards_change_the_index_uuid(tmp_path):
+    shards, _ = write_shards(tmp_path)
+    prepare_energon_dataset(tmp_path, shards, "packed_vqa")
+    before = (tmp_path / ".nv-meta" / "index.uuid").read_bytes()
+    prepare_energon_dataset(tmp_path, shards[:-1], "packed_vqa")
+    assert (tmp_path / ".nv-meta" / "index.uuid").read_bytes() != before
+
+
+LOADER_AND_PREPARER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from vlm_assets.packing.energon import prepare_energon_dataset
+
+    root = Path(sys.argv[1])
+    shards = sorted(root.glob("src_*/pretrain-*.tar"))
+    for _ in range(int(sys.argv[2])):
+        prepare_energon_dataset(root, shards, "packed_vqa", workers=2)
+    """
+)
+
+
+def test_loads_and_prepares_running_alongside_a_re_preparing_process_never_fail(tmp_path):
+    root = tmp_path / "packed_wds"
+    shards, ids = write_shards(root)
+    prepare_energon_dataset(root, shards, "packed_vqa")
+    reference = metadata_bytes(root)
+
+    other = subprocess.Popen(
+        [sys.executable, "-c", LOADER_AND_PREPARER, str(root), "6"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    rounds = 0
+    try:
+        while other.poll() is None or rounds < 2:
+            assert sorted(load_all_ids(root)) == sorted(ids)
+            prepare_energon_dataset(root, shards, "packed_vqa", workers=3)
+            rounds += 1
+    finally:
+        output, _ = other.communicate(timeout=120)
+    assert other.returncode == 0, output
+    assert metadata_bytes(root) == reference
+    assert staging_dirs(root) == []
+
+
+def test_stale_staging_of_a_dead_writer_is_removed_and_a_live_ones_kept(tmp_path):
+    shards, _ = write_shards(tmp_path)
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    host = socket.gethostname()
+    dead = tmp_path / f"{STAGING_PREFIX}{host}-{finished.pid}-0a1b2c3d"
+    live = tmp_path / f"{STAGING_PREFIX}{host}-{os.getpid()}-0a1b2c3d"
+    elsewhere = tmp_path / f"{STAGING_PREFIX}other-host-{finished.pid}-0a1b2c3d"
+    for directory in (dead, live, elsewhere):
+        (directory / ".nv-meta").mkdir(parents=True)
+        (directory / ".nv-meta" / "index.sqlite").write_bytes(b"half written")
+
+    prepare_energon_dataset(tmp_path, shards, "packed_vqa")
+
+    assert staging_dirs(tmp_path) == sorted([live.name, elsewhere.name])
+
+
+def test_a_failed_prepare_keeps_the_published_metadata_and_cleans_up(tmp_path):
+    shards, ids = write_shards(tmp_path)
+    prepare_energon_dataset(tmp_path, shards, "packed_vqa")
+    reference = metadata_bytes(tmp_path)
+    empty = tmp_path / "src_c" / "pretrain-000000.tar"
+    empty.parent.mkdir()
+    tarfile.open(empty, "w").close()
+
+    with pytest.raises(AssertionError, match="has no samples"):
+        prepare_energon_dataset(tmp_path, [*shards, empty], "packed_vqa", workers=2)
+
+    assert metadata_bytes(tmp_path) == reference
+    assert staging_dirs(tmp_path) == []
+    assert sorted(load_all_ids(tmp_path)) == sorted(ids)
