@@ -110,6 +110,10 @@ _SECTION_KEYS = {
 }
 _TOP_KEYS = set(_SECTION_KEYS) | {"inbox", "inbox_require_ready_marker", "sources"}
 _SOURCE_KEYS = {"name", "kind", "path", "media_root"}
+_ADD_SOURCES = (
+    "add a `sources:` list, e.g. `sources: [{name: my_data, kind: jsonl, path: ./train.jsonl}]` "
+    f"(kind: one of {', '.join(SOURCE_KINDS)}), or an `inbox:` directory to drop sources into"
+)
 
 
 class _Reader:
@@ -194,6 +198,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> AppConfig:
 
 
 def parse_config(raw: Any, config_path: Path) -> AppConfig:
+    if raw is None:
+        raise ConfigError(f"{config_path}: the config is empty; {_ADD_SOURCES}")
     reader = _Reader(config_path)
     top = reader.mapping(raw, "(top level)")
     reader.no_unknown(top, _TOP_KEYS, "")
@@ -202,6 +208,7 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
         reader.no_unknown(data, _SECTION_KEYS[name], name)
 
     storage_root = reader.resolve(reader.string(sections["storage"], "root", "storage", "./vlm_data"))
+    _check_storage_root(reader, storage_root)
     inbox_raw = top.get("inbox", "./vlm_inbox")
     if not isinstance(inbox_raw, str) or not inbox_raw:
         raise reader.fail("inbox", f"expected a path, got {inbox_raw!r}")
@@ -274,7 +281,7 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
         storage_root=storage_root,
         inbox=reader.resolve(inbox_raw),
         inbox_require_ready_marker=ready_marker,
-        sources=_parse_sources(reader, top.get("sources")),
+        sources=_parse_sources(reader, top.get("sources"), inbox_given="inbox" in top),
         model=model,
         sample=sample,
         packing=packing,
@@ -284,9 +291,26 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
     )
 
 
-def _parse_sources(reader: _Reader, raw: Any) -> tuple[SourceConfig, ...]:
-    if raw is None:
-        return ()
+def _check_storage_root(reader: _Reader, root: Path) -> None:
+    """Refuse a root that can be neither used nor created, before any run tries to write under it."""
+    if os.path.lexists(root):
+        if not root.is_dir():
+            raise reader.fail("storage.root", f"storage.root is not a directory: {root}")
+        return
+    # os.path's checks read an unreadable ancestor as absent, so the error names the one in the way.
+    parent = next(ancestor for ancestor in root.parents if os.path.exists(ancestor))
+    if not parent.is_dir():
+        raise reader.fail("storage.root", f"cannot create {root}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise reader.fail("storage.root", f"cannot create {root}: {parent} is not writable")
+
+
+def _parse_sources(reader: _Reader, raw: Any, inbox_given: bool) -> tuple[SourceConfig, ...]:
+    if raw is None or raw == []:
+        # Sources may all come from the inbox; without one either, nothing would ever run.
+        if inbox_given:
+            return ()
+        raise reader.fail("sources", f"no sources configured; {_ADD_SOURCES}")
     if not isinstance(raw, list):
         raise reader.fail("sources", f"expected a list of sources, got {type(raw).__name__}")
     sources: list[SourceConfig] = []
@@ -302,10 +326,17 @@ def _parse_sources(reader: _Reader, raw: Any) -> tuple[SourceConfig, ...]:
         kind = reader.choice(data, "kind", key, "", SOURCE_KINDS) if "kind" in data else None
         if kind is None:
             raise reader.fail(f"{key}.kind", f"is required (one of {', '.join(SOURCE_KINDS)})")
-        path = reader.resolve(reader.string(data, "path", key))
+        path = _existing(reader, data, "path", key)
         if "media_root" in data:
-            media_root = reader.resolve(reader.string(data, "media_root", key))
+            media_root = _existing(reader, data, "media_root", key)
         else:
             media_root = path.parent if kind == "jsonl" else path
         sources.append(SourceConfig(name=name, kind=kind, path=path, media_root=media_root))
     return tuple(sources)
+
+
+def _existing(reader: _Reader, data: dict[str, Any], name: str, key: str) -> Path:
+    path = reader.resolve(reader.string(data, name, key))
+    if not os.path.exists(path):
+        raise reader.fail(f"{key}.{name}", f"{path} does not exist")
+    return path

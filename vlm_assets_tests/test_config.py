@@ -34,6 +34,8 @@ def test_demo_config_loads_with_defaults_and_relative_paths(demo_app, demo_confi
     ],
 )
 def test_errors_name_the_file_and_the_key(tmp_path, text, key):
+    for name in ("x", "y"):
+        (tmp_path / name).write_text("")
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as error:
         load_config(path)
@@ -49,6 +51,7 @@ def test_invalid_yaml_and_missing_file_are_clear(tmp_path):
 
 
 def test_config_from_environment(tmp_path, monkeypatch):
-    path = write(tmp_path, "storage: {root: out}\n")
+    (tmp_path / "train.jsonl").write_text("")
+    path = write(tmp_path, "storage: {root: out}\nsources: [{name: a, kind: jsonl, path: train.jsonl}]\n")
     monkeypatch.setenv("VLM_ASSETS_CONFIG", str(path))
     assert load_config().storage_root == tmp_path / "out"
