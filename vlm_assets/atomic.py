@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import tempfile
 from collections.abc import Iterator
@@ -11,13 +12,21 @@ from typing import IO
 
 import pandas as pd
 
+from vlm_assets.locks import local_writer_gone, parse_writer_tag, writer_tag
+
+TEMP_SUFFIX = ".tmp"
+# `.<target name>~<host>-<pid>~<random>.tmp`: the writer's host and pid let cleanup tell a dead
+# writer's leftovers from a live writer's file in progress.
+TEMP_SEPARATOR = "~"
+
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside `target`; rename it over `target` on success."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    _remove_stale_temps_of(target)
+    fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=TEMP_SUFFIX, dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -27,6 +36,11 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
         # mkstemp creates owner-only files; outputs are data for other users and tools too.
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
+    except OSError as error:
+        if error.filename is None and error.errno is not None:
+            # A failed write() names no file; "No space left on device" alone does not say where.
+            raise OSError(error.errno, error.strerror, str(target)) from error
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -53,12 +67,29 @@ def write_parquet(frame: pd.DataFrame, target: str | os.PathLike[str]) -> None:
         frame.to_parquet(tmp, index=False)
 
 
+def temp_prefix(name: str) -> str:
+    return f".{name}{TEMP_SEPARATOR}{writer_tag()}{TEMP_SEPARATOR}"
+
+
+def temp_writer_gone(path: Path) -> bool:
+    """Whether the process that wrote temp file `path` is gone (a temp file of unknown format counts as stale)."""
+    parts = path.name[: -len(TEMP_SUFFIX)].rsplit(TEMP_SEPARATOR, 2)
+    writer = parse_writer_tag(parts[1]) if len(parts) == 3 else None
+    return writer is None or local_writer_gone(*writer)
+
+
+def _remove_stale_temps_of(target: Path) -> None:
+    for stale in target.parent.glob(f".{glob.escape(target.name)}{TEMP_SEPARATOR}*{TEMP_SUFFIX}"):
+        if temp_writer_gone(stale):
+            stale.unlink(missing_ok=True)
+
+
 def remove_stale_temp_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """Delete temp files an interrupted writer left behind (never complete outputs)."""
+    """Delete temp files whose writer is gone (killed mid-write); a live writer's file is left alone."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    stale = [path for path in directory.glob(".*.tmp") if path.is_file()]
+    stale = [path for path in directory.glob(f".*{TEMP_SUFFIX}") if path.is_file() and temp_writer_gone(path)]
     for path in stale:
         path.unlink(missing_ok=True)
     return stale

@@ -365,7 +365,7 @@ def test_interrupted_shard_resumes_to_the_same_index(clips, tmp_path):
     killed = subprocess.run([sys.executable, "-c", INTERRUPT, str(resumed_dir)], cwd=Path(__file__).parents[1])
     assert killed.returncode == -9
     assert not tar_path(resumed_dir, "part-00000").exists() and not done_path(resumed_dir, "part-00000").exists()
-    assert list(resumed_dir.glob(".part-00000.tar.*.tmp"))  # the half-written tar is left behind
+    assert list(resumed_dir.glob(".part-00000.tar~*.tmp"))  # the half-written tar is left behind
     summary = write_index(resumed_dir, plan, SMALL)
     assert summary.skipped == 3 and summary.records == 2
     tar_path(resumed_dir, "part-00001").unlink()  # tar gone but done kept: must rebuild too

@@ -368,7 +368,7 @@ def test_process_killed_mid_write_then_rerun_is_identical_to_a_clean_run(mix_lay
         capture_output=True,
     )
     assert result.returncode == -signal.SIGKILL, result.stderr.decode()
-    assert list(out.glob(".pretrain-000001.tar.*.tmp")), "the killed writer should leave only a temp file"
+    assert list(out.glob(".pretrain-000001.tar~*.tmp")), "the killed writer should leave only a temp file"
     assert [p.name for p in list_shards(out)] == ["pretrain-000000.tar"]
     write_shards(read_records(jsonl, catalog), out, maxcount=2, maxsize=10**9)
     assert _digests(out) == _digests(clean)

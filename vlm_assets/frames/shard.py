@@ -132,8 +132,6 @@ def build_shard(
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
     done_path(cache_dir, shard).unlink(missing_ok=True)
-    for stale in cache_dir.glob(f".{shard}.tar.*.tmp"):
-        stale.unlink(missing_ok=True)
     entries: list[ShardEntry] = []
     failures: list[ShardFailure] = []
     target = tar_path(cache_dir, shard)

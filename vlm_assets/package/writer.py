@@ -91,6 +91,11 @@ class _Source:
     size: int
 
 
+def is_staging_dir(name: str) -> bool:
+    """Work folders of writers in progress or killed (`.<name>.staging-<writer>`) never go into a package."""
+    return name.startswith(".") and ".staging-" in name
+
+
 def is_temp_file(name: str) -> bool:
     """Half-written outputs of atomic writers (`.<name>.<random>.tmp`) never go into a package."""
     return name.startswith(".") and name.endswith(".tmp")
@@ -111,7 +116,7 @@ def collect_sources(parts: Iterable[PackagePart]) -> list[_Source]:
             sources.append(_source(part.role, f"{role_root(part.role)}/{root.name}", root))
         elif root.is_dir():
             for directory, dirnames, filenames in os.walk(root):
-                dirnames.sort()
+                dirnames[:] = sorted(name for name in dirnames if not is_staging_dir(name))
                 for filename in filenames:
                     path = Path(directory, filename)
                     if is_temp_file(filename) or not path.is_file():

@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import sqlite3
 import stat
 import uuid
@@ -58,6 +57,8 @@ from megatron.energon.flavors.webdataset.config import (
     SPLIT_YAML_FILENAME,
 )
 from megatron.energon.flavors.webdataset.itar import ITAR_SUFFIX
+
+from vlm_assets.locks import local_writer_gone, parse_writer_tag, writer_tag
 
 SPLIT = "train"
 DATASET_YAML = "dataset.yaml"
@@ -123,7 +124,7 @@ def prepare_energon_dataset(root: Path, shards: list[Path], sample_type: str, wo
 
 def _make_staging(root: Path) -> Path:
     """A fresh directory for one prepare, named after its writer so a stale one can be recognised."""
-    staging = root / f"{STAGING_PREFIX}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    staging = root / f"{STAGING_PREFIX}{writer_tag()}-{secrets.token_hex(4)}"
     staging.mkdir()
     # Energon gives .nv-meta the mode of the directory it prepares in: make that the root's, as in place.
     os.chmod(staging, stat.S_IMODE(root.stat().st_mode))
@@ -133,21 +134,9 @@ def _make_staging(root: Path) -> Path:
 def _remove_stale_staging(root: Path) -> None:
     """Delete staging directories whose writer (a process on this host) is gone."""
     for path in root.glob(f"{STAGING_PREFIX}*"):
-        if path.is_dir() and _writer_is_gone(path.name[len(STAGING_PREFIX):]):
+        writer = parse_writer_tag(path.name[len(STAGING_PREFIX):].rsplit("-", 1)[0])
+        if path.is_dir() and writer is not None and local_writer_gone(*writer):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _writer_is_gone(tag: str) -> bool:
-    parts = tag.rsplit("-", 2)
-    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
-        return False  # another host's, or not ours: its writer cannot be asked
-    try:
-        os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, owned by someone else
-    return False
 
 
 def _link_shards(root: Path, staging: Path, relative: list[str]) -> None:
