@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from vlm_assets.config import CONFIG_ENV_VAR, ConfigError, load_config
@@ -24,24 +25,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
     app = load_config(args.config)
     # The code location reads the same file, so the UI and this run agree on settings.
     os.environ[CONFIG_ENV_VAR] = str(app.path)
-    from vlm_assets.runner import ensure_dagster_home, print_outputs, run_graph
+    from vlm_assets.runner import default_workers, ensure_dagster_home, open_instance, print_outputs, run_graph
 
     home = ensure_dagster_home(Path(args.dagster_home) if args.dagster_home else app.path.parent / ".dagster_home")
-    print(f"Dagster instance: {home}  (see the runs with: DAGSTER_HOME={home} dagster dev)")
-    import dagster as dg
-
+    print(f"Dagster instance: {home}  (see the runs with: DAGSTER_HOME={home} dagster dev)", flush=True)
     from vlm_assets.definitions import build_definitions
 
     defs = build_definitions(str(app.path))
     select = [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None
-    with dg.DagsterInstance.get() as instance:
-        summary = run_graph(defs, app, instance, select)
+    workers = args.workers or default_workers()
+    started = time.monotonic()
+    with open_instance(home) as instance:
+        summary = run_graph(defs, app, instance, select, echo=_echo, workers=workers, force=args.force,
+                            log_dir=home / "logs")
     print_outputs(app)
-    print(f"{summary.runs} run(s), {len(summary.materialized)} materialisation(s), "
-          f"{len(summary.failed_runs)} failed run(s), {len(summary.failed_checks)} failed check(s)")
+    print(f"{summary.runs} run(s), {len(summary.materialized)} materialisation(s), {len(summary.up_to_date)} up to date, "
+          f"{len(summary.failed_runs)} failed run(s), {len(summary.failed_checks)} failed check(s), "
+          f"{len(summary.blocked)} not built (upstream failed) in {time.monotonic() - started:.1f} s "
+          f"with {workers} worker(s)")
     for failure in summary.failed_runs + summary.failed_checks:
         print(f"  FAILED: {failure}", file=sys.stderr)
+    if summary.interrupted:
+        return 130
     return 0 if summary.ok else 1
+
+
+def _echo(line: str) -> None:
+    print(line, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", default=os.environ.get(CONFIG_ENV_VAR), help=f"config YAML (default ${CONFIG_ENV_VAR})")
     run.add_argument("--select", help="comma-separated asset keys; their upstream assets run too")
     run.add_argument("--dagster-home", help="instance directory (default $DAGSTER_HOME, else .dagster_home beside the config)")
+    run.add_argument("--workers", type=int, default=0,
+                     help="runs at a time, each in its own worker process (default: the number of cores)")
+    run.add_argument("--force", action="store_true",
+                     help="rebuild every selected asset, even those whose inputs and settings are unchanged")
     run.set_defaults(func=_cmd_run)
 
     demo = commands.add_parser("demo", help="write the deterministic demo dataset and its config")
@@ -77,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        # Disk full, read-only filesystem, permissions: the operator needs the reason and the path.
+        reason = error.strerror or str(error)
+        print(f"error: {reason}: {error.filename}" if error.filename else f"error: {reason}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

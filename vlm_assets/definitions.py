@@ -6,7 +6,7 @@ import os
 
 import dagster as dg
 
-from vlm_assets.config import default_config_path
+from vlm_assets.config import ConfigError, default_config_path
 from vlm_assets.defs import automation, catalog, frame_cache, package, packing
 from vlm_assets.defs.resources import HFProcessor, VlmConfig
 
@@ -15,9 +15,26 @@ DOMAINS = (catalog, packing, frame_cache, package, automation)
 
 def build_definitions(config_path: str | os.PathLike[str]) -> dg.Definitions:
     vlm_config = VlmConfig(config_path=str(config_path))
-    return dg.Definitions.merge(
+    defs = dg.Definitions.merge(
         *(domain.defs for domain in DOMAINS),
         dg.Definitions(resources={"vlm_config": vlm_config, "hf_processor": HFProcessor(vlm_config=vlm_config)}),
+        dg.Definitions(executor=dg.in_process_executor),
+    )
+    return _with_code_versions(defs, vlm_config)
+
+
+def _with_code_versions(defs: dg.Definitions, vlm_config: VlmConfig) -> dg.Definitions:
+    """Code versions from the settings each asset reads, so the UI marks exactly those stale after a config edit.
+
+    A config that does not load leaves the definitions without versions; every run then reports the
+    config error itself.
+    """
+    try:
+        versions = vlm_config.fingerprints.versions
+    except ConfigError:
+        return defs
+    return defs.map_asset_specs(
+        func=lambda spec: spec.replace_attributes(code_version=versions.get(spec.key.to_user_string(), spec.code_version))
     )
 
 

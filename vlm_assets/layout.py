@@ -42,6 +42,24 @@ class StorageLayout:
     def packages(self) -> Path:
         return self.root / "packages"
 
-    @property
-    def processor_cache(self) -> Path:
-        return self.root / "processor"
+    def package_file(self, name: str, compress: str) -> Path:
+        from vlm_assets.package.compression import package_file_name  # the package domain builds on this module
+
+        return self.packages / package_file_name(name, compress)
+
+    # Names of the locks (vlm_assets.locks) that keep concurrent runs on this root apart.
+    @staticmethod
+    def source_lock(source: str) -> str:
+        """Held by each step writing a source's outputs; shared by readers of its shards."""
+        return f"source-{source}"
+
+    ENERGON_LOCK = "packed_wds-energon"
+
+    @staticmethod
+    def frame_cache_lock(frame_size: int, num_frames: int, part: str) -> str:
+        """`part`: plan, index, a shard key, or `content` (shared by shard builders, exclusive for packaging)."""
+        return f"frame_cache-{frame_size}-{num_frames}-{part}"
+
+    @staticmethod
+    def package_lock(name: str) -> str:
+        return f"package-{name}"

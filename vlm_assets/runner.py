@@ -1,13 +1,23 @@
 """`vlm-assets run`: materialise the graph (or a selection plus its upstream) on the real instance.
 
-Runs go through Dagster on the instance in $DAGSTER_HOME, one run per partition,
-in dependency order, so they show in the UI exactly like sensor-launched runs.
+Each asset partition is one Dagster run (the asset with its checks) on the instance in
+$DAGSTER_HOME, so the UI shows them exactly like sensor-launched runs. Runs execute in worker
+processes, as many at a time as `--workers`, each as soon as everything it reads has been
+built; a step that fails (or whose ERROR check fails) stops everything downstream of it.
+Before launching anything, runs whose process is gone are failed and their pool slots freed.
+An asset whose recorded fingerprint (data version) equals the current one, and whose output is
+on disk, is not run again unless `force`.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import os
-import sys
+import re
+import signal
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +27,16 @@ import yaml
 
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig
-from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS
+from vlm_assets.defs.resources import ALIVE_TAG, FINGERPRINT_KEY, FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
+from vlm_assets.packing.wds import list_shards
 
 REPO_INSTANCE_CONFIG = Path(__file__).resolve().parent.parent / "dagster.yaml"
 RUN_LOGGING = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+LAUNCHED_BY_TAG = {"vlm_assets/launched_by": "cli"}
+ASSET_TAG = "vlm_assets/asset"  # the asset a CLI run materialises (one per run)
+WAIT_POLL_S = 0.5
+PARENT_WATCH_S = 1.0
 
 
 @dataclass
@@ -29,10 +45,14 @@ class RunSummary:
     failed_runs: list[str] = field(default_factory=list)
     failed_checks: list[str] = field(default_factory=list)
     materialized: list[str] = field(default_factory=list)
+    up_to_date: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+    dead_runs_failed: list[str] = field(default_factory=list)
+    interrupted: bool = False
 
     @property
     def ok(self) -> bool:
-        return not self.failed_runs and not self.failed_checks
+        return not (self.failed_runs or self.failed_checks or self.blocked or self.interrupted)
 
 
 INSTANCE_CONFIG_HEADER = (
@@ -51,7 +71,7 @@ def instance_config_text() -> str:
     Set variables stay `{env: ...}` references (no password lands in the file); unset ones take
     POSTGRES_DEFAULTS.
     """
-    text = INSTANCE_CONFIG_HEADER + REPO_INSTANCE_CONFIG.read_text(encoding="utf-8")
+    text = INSTANCE_CONFIG_HEADER + REPO_INSTANCE_CONFIG.read_text(encoding="utf-8").replace("{cores}", str(default_workers()))
     if os.environ.get(POSTGRES_HOST_ENV):
         storage = yaml.safe_load(POSTGRES_TEMPLATE.read_text(encoding="utf-8"))
         fields = storage["storage"]["postgres"]["postgres_db"]
@@ -76,41 +96,304 @@ def ensure_dagster_home(default: Path) -> Path:
     return home
 
 
-def register_sources(instance: dg.DagsterInstance, app: AppConfig) -> list[str]:
+def open_instance(home: Path) -> dg.DagsterInstance:
+    """The instance in `home`; the first process to open a new one creates its tables alone."""
+    with file_lock(home, "instance-init"):
+        return dg.DagsterInstance.get()
+
+
+def register_sources(instance: dg.DagsterInstance, app: AppConfig) -> None:
     existing = set(instance.get_dynamic_partitions(SOURCES_PARTITIONS.name))
     new = [source.name for source in app.sources if source.name not in existing]
     if new:
         instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, new)
-    return [source.name for source in app.sources]
 
 
-WAVE_PRIORITY = {SOURCES_PARTITIONS.name: 0, None: 1, FRAME_CACHE_SHARD_PARTITIONS.name: 2}
+# -- the graph, from public asset specs ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class GraphShape:
+    order: list[str]  # asset names, dependencies first
+    parents: dict[str, set[str]]
+    partitioning: dict[str, str | None]  # name of the dynamic partitions definition, or None
 
 
-def _waves(graph, selected: set[dg.AssetKey]) -> list[list[dg.AssetKey]]:
-    """Selected keys in dependency order, grouped into waves that share one partitioning."""
-    order = {key: index for index, key in enumerate(graph.toposorted_asset_keys)}
-
-    def partitioning(key: dg.AssetKey) -> str | None:
-        return getattr(graph.get(key).partitions_def, "name", None)
-
-    def parents(key: dg.AssetKey) -> set[dg.AssetKey]:
-        return set(graph.get(key).parent_keys) & selected
-
-    remaining, done, waves = set(selected), set(), []
+def graph_shape(defs: dg.Definitions) -> GraphShape:
+    specs = {spec.key.to_user_string(): spec for spec in defs.resolve_all_asset_specs()}
+    parents = {name: {dep.asset_key.to_user_string() for dep in spec.deps} & set(specs) for name, spec in specs.items()}
+    partitioning = {name: getattr(spec.partitions_def, "name", None) for name, spec in specs.items()}
+    order: list[str] = []
+    remaining = dict(parents)
     while remaining:
-        ready = [key for key in remaining if parents(key) <= done]
-        name = min((partitioning(key) for key in ready), key=lambda n: WAVE_PRIORITY.get(n, 3))
-        wave = {key for key in ready if partitioning(key) == name}
-        grew = True
-        while grew:
-            extra = {k for k in remaining - wave if partitioning(k) == name and parents(k) <= done | wave}
-            grew = bool(extra)
-            wave |= extra
-        waves.append(sorted(wave, key=order.__getitem__))
-        done |= wave
-        remaining -= wave
-    return waves
+        ready = sorted(name for name, deps in remaining.items() if deps <= set(order))
+        if not ready:
+            raise ValueError(f"dependency cycle among {sorted(remaining)}")
+        order.extend(ready)
+        for name in ready:
+            del remaining[name]
+    return GraphShape(order, parents, partitioning)
+
+
+def selected_assets(shape: GraphShape, select: Sequence[str] | None) -> list[str]:
+    if not select:
+        return list(shape.order)
+    unknown = sorted(set(select) - set(shape.order))
+    if unknown:
+        raise ValueError(f"unknown asset key(s): {', '.join(unknown)} (known: {', '.join(sorted(shape.order))})")
+    wanted = set(select)
+    for name in reversed(shape.order):
+        if name in wanted:
+            wanted |= shape.parents[name]
+    return [name for name in shape.order if name in wanted]
+
+
+def primary_outputs(vlm_config: VlmConfig, asset: str, partition: str | None) -> list[Path]:
+    """Files (or folders) that must exist for an asset to count as built."""
+    layout, app = vlm_config.layout, vlm_config.app
+    cache_dir = layout.frame_cache(app.frame_cache.frame_size, app.frame_cache.num_frames)
+    source = partition or ""
+    outputs = {
+        "sample_catalog": [layout.catalog(source)],
+        "sample_lengths": [layout.lengths(source)],
+        "packing_bins": [layout.bins(source), layout.rejects(source)],
+        "packed_json": [layout.packed_json(source)],
+        "packed_wds_shards": [layout.packed_wds(source), *list_shards(layout.packed_wds(source))],
+        "energon_dataset": [layout.packed_wds_root / ".nv-meta" / "dataset.yaml"],
+        "video_frame_plan": [cache_dir / "plan.jsonl"],
+        "frame_cache_shard": [cache_dir / f"{source}.tar", cache_dir / f"{source}.done.json"],
+        "frame_cache_index": [cache_dir / "index.jsonl"],
+        "training_package": [layout.package_file(app.package.name, app.package.compress)],
+    }
+    return outputs.get(asset, [])
+
+
+# -- one run, in a worker process ---------------------------------------------------------------
+
+@dataclass
+class TaskOutcome:
+    asset: str
+    partition: str | None
+    run_id: str = ""
+    success: bool = False
+    materialized: bool = False
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)  # (name, passed, severity)
+    failure: str = ""  # root cause, one line
+    log_path: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.asset + (f" [{self.partition}]" if self.partition else "")
+
+    @property
+    def failed_checks(self) -> list[str]:
+        return [name for name, passed, severity in self.checks if not passed and severity == "ERROR"]
+
+
+_worker: dict[str, object] = {}
+
+
+def _worker_init(parent_pid: int, config_path: str) -> None:
+    # Its own session: a Ctrl-C in the terminal reaches only the CLI, which then launches nothing
+    # more and lets the steps in flight finish.
+    os.setsid()
+    os.environ[CONFIG_ENV_VAR] = config_path
+
+    def watch_parent() -> None:
+        # If the CLI is killed (kill -9 included) its workers go too, as one would expect of a
+        # foreground command; their runs are then failed by the next sweep.
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_WATCH_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch_parent, daemon=True, name="watch-parent").start()
+
+
+def _worker_state(config_path: str) -> tuple[dg.Definitions, dg.DagsterInstance, VlmConfig]:
+    if "defs" not in _worker:
+        from vlm_assets.definitions import build_definitions
+
+        defs = build_definitions(config_path)
+        _worker["defs"] = defs
+        _worker["instance"] = dg.DagsterInstance.get()
+        _worker["vlm_config"] = defs.resources["vlm_config"]
+    return _worker["defs"], _worker["instance"], _worker["vlm_config"]  # type: ignore[return-value]
+
+
+def execute_task(config_path: str, asset: str, partition: str | None, log_dir: str) -> TaskOutcome:
+    """Materialise one asset partition (and its checks) as one run; summarise what happened."""
+    defs, instance, vlm_config = _worker_state(config_path)
+    token = process_token(vlm_config.app.storage_root)
+    result = dg.materialize(
+        list(defs.assets or []) + list(defs.asset_checks or []),
+        selection=dg.AssetSelection.assets(asset),
+        partition_key=partition,
+        instance=instance,
+        resources=defs.resources or {},
+        run_config=RUN_LOGGING,
+        raise_on_error=False,
+        tags={**LAUNCHED_BY_TAG, ASSET_TAG: asset, ALIVE_TAG: str(token)},
+    )
+    outcome = TaskOutcome(asset, partition, run_id=result.run_id, success=result.success)
+    for event in result.all_events:
+        if event.event_type_value == "ASSET_MATERIALIZATION":
+            outcome.materialized = True
+        elif event.event_type_value == "ASSET_CHECK_EVALUATION":
+            evaluation = event.event_specific_data
+            outcome.checks.append((evaluation.check_name, evaluation.passed, evaluation.severity.value))
+        elif event.event_type_value == "STEP_FAILURE" and not outcome.failure:
+            outcome.failure = root_cause(event.event_specific_data.error)
+    if not result.success:
+        outcome.failure = outcome.failure or "the run failed (see its log)"
+        outcome.log_path = str(write_run_log(instance, result.run_id, Path(log_dir)))
+    return outcome
+
+
+ERRNO_MESSAGE = re.compile(r"\[Errno \d+\] (?P<reason>[^:']+): '(?P<path>[^']*)'")
+
+
+def root_cause(error) -> str:
+    """One line naming what went wrong: the first of the chained errors that is not Dagster's wrapper."""
+    if error is None:
+        return "unknown error"
+    while error.cause is not None and error.cls_name.startswith("Dagster"):
+        error = error.cause
+    message = (error.message or "").strip()
+    found = ERRNO_MESSAGE.search(message)
+    if found:
+        return f"{found['reason']}: {found['path']}"
+    first = message.splitlines()[0] if message else error.cls_name
+    first = re.sub(r"^[\w.]+(Error|Exception|Failure): ", "", first)
+    return first if error.cls_name in {"Failure", "ConfigError"} else f"{first} ({error.cls_name})"
+
+
+def write_run_log(instance: dg.DagsterInstance, run_id: str, log_dir: Path) -> Path:
+    """Every event of the run, with full tracebacks, in one text file."""
+    lines = []
+    for entry in instance.all_logs(run_id):
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(entry.timestamp))
+        lines.append(f"{stamp} {entry.step_key or '-'}: {entry.user_message or entry.message or ''}")
+        event = entry.dagster_event
+        error = getattr(event.event_specific_data, "error", None) if event is not None else None
+        if error is not None:
+            lines.append(error.to_string())
+    path = log_dir / f"run-{run_id}.log"
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path
+
+
+# -- the scheduler, in the CLI process ----------------------------------------------------------
+
+class _Stop:
+    """First SIGINT/SIGTERM: launch nothing more, let the steps in flight finish. Second: exit now."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.requested = False
+        self.echo = echo
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Stop:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.echo(f"{signal.Signals(signum).name}: stopping after the step(s) in flight; nothing more is launched "
+                  "(signal again to abort them)")
+
+
+class _Scheduler:
+    def __init__(self, defs: dg.Definitions, app: AppConfig, instance: dg.DagsterInstance, selected: list[str],
+                 shape: GraphShape, force: bool, echo: Callable[[str], None]) -> None:
+        self.app, self.instance, self.shape, self.force, self.echo = app, instance, shape, force, echo
+        self.vlm_config: VlmConfig = defs.resources["vlm_config"]  # type: ignore[assignment]
+        self.selected = selected
+        self.partitions: dict[str, list[str | None]] = {}
+        self.state: dict[tuple[str, str | None], str] = {}  # done | up_to_date | failed | blocked | running
+
+    def expand(self, asset: str) -> list[str | None] | None:
+        """The asset's partitions once they are known (frame-cache shards: after the plan is final)."""
+        if asset in self.partitions:
+            return self.partitions[asset]
+        name = self.shape.partitioning[asset]
+        if name is None:
+            keys: list[str | None] = [None]
+        elif name == SOURCES_PARTITIONS.name:
+            keys = [source.name for source in self.app.sources]
+        else:
+            parents = [p for p in self.shape.parents[asset] if p in self.selected]
+            if any(not self._final(p) for p in parents):
+                return None
+            keys = list(self.instance.get_dynamic_partitions(name))
+        self.partitions[asset] = keys
+        return keys
+
+    def _final(self, asset: str) -> bool:
+        keys = self.expand(asset)
+        return keys is not None and all(self.state.get((asset, key)) not in (None, "running") for key in keys)
+
+    def dependencies(self, asset: str, partition: str | None) -> list[tuple[str, str | None]] | None:
+        deps: list[tuple[str, str | None]] = []
+        for parent in self.shape.parents[asset]:
+            if parent not in self.selected:
+                continue
+            keys = self.expand(parent)
+            if keys is None:
+                return None
+            if self.shape.partitioning[parent] is None:
+                deps.append((parent, None))
+            elif self.shape.partitioning[parent] == self.shape.partitioning[asset]:
+                deps.append((parent, partition))
+            else:
+                deps.extend((parent, key) for key in keys)
+        return deps
+
+    def up_to_date(self, asset: str, partition: str | None) -> bool:
+        if self.force:
+            return False
+        if not all(path.exists() for path in primary_outputs(self.vlm_config, asset, partition)):
+            return False
+        records = self.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition] if partition else None),
+            limit=1,
+        ).records
+        if not records:
+            return False
+        materialization = records[0].asset_materialization
+        recorded = materialization.metadata.get(FINGERPRINT_KEY) if materialization else None
+        if getattr(recorded, "value", None) != self.vlm_config.fingerprints.of(asset, partition):
+            return False
+        run = self.instance.get_run_record_by_id(records[0].run_id)
+        return run is not None and run.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+
+    def next_ready(self) -> list[tuple[str, str | None]]:
+        """Nodes whose inputs are settled; blocked ones are settled as blocked on the way."""
+        ready = []
+        for asset in self.selected:
+            keys = self.expand(asset)
+            if keys is None:
+                continue
+            for key in keys:
+                if (asset, key) in self.state:
+                    continue
+                deps = self.dependencies(asset, key)
+                if deps is None or any(self.state.get(dep) in (None, "running") for dep in deps):
+                    continue
+                bad = [dep for dep in deps if self.state[dep] in ("failed", "blocked")]
+                if bad:
+                    self.state[(asset, key)] = "blocked"
+                    parent = bad[0][0] + (f" [{bad[0][1]}]" if bad[0][1] else "")
+                    self.echo(f"⊘ {asset}" + (f" [{key}]" if key else "") + f": not built, upstream {parent} failed")
+                    continue
+                ready.append((asset, key))
+        return ready
 
 
 def run_graph(
@@ -119,71 +402,80 @@ def run_graph(
     instance: dg.DagsterInstance,
     select: Sequence[str] | None = None,
     echo: Callable[[str], None] = print,
+    workers: int = 1,
+    force: bool = False,
+    log_dir: Path | None = None,
 ) -> RunSummary:
-    graph = defs.resolve_asset_graph()
-    all_keys = set(graph.get_all_asset_keys())
-    if select:
-        wanted = {dg.AssetKey.from_user_string(name) for name in select}
-        unknown = sorted(key.to_user_string() for key in wanted - all_keys)
-        if unknown:
-            raise ValueError(f"unknown asset key(s): {', '.join(unknown)} (known: {', '.join(sorted(k.to_user_string() for k in all_keys))})")
-        selected = set(dg.AssetSelection.assets(*wanted).upstream().resolve(graph))
-    else:
-        selected = all_keys
-    register_sources(instance, app)
+    shape = graph_shape(defs)
+    selected = selected_assets(shape, select)
     summary = RunSummary()
-    assets = list(defs.assets or []) + list(defs.asset_checks or [])
-    resources = defs.resources or {}
-    for wave in _waves(graph, selected):
-        partitions = graph.get(wave[0]).partitions_def
-        names = ", ".join(key.to_user_string() for key in wave)
-        if partitions is None:
-            partition_keys: list[str | None] = [None]
-        else:
-            partition_keys = list(instance.get_dynamic_partitions(partitions.name))
-            if partitions.name == SOURCES_PARTITIONS.name:
-                configured = {source.name for source in app.sources}
-                partition_keys = [key for key in partition_keys if key in configured]
-        if not partition_keys:
-            echo(f"· {names}: no partitions yet, skipped")
-            continue
-        for partition_key in partition_keys:
-            label = f"{names}" + (f" [{partition_key}]" if partition_key else "")
-            echo(f"▶ {label}")
-            result = dg.materialize(
-                assets,
-                selection=dg.AssetSelection.assets(*wave),
-                partition_key=partition_key,
-                instance=instance,
-                resources=resources,
-                run_config=RUN_LOGGING,
-                raise_on_error=False,
-                tags={"vlm_assets/launched_by": "cli"},
-            )
-            summary.runs += 1
-            _collect(result, label, summary, echo)
+    from vlm_assets.defs.automation.dead_runs import fail_dead_runs
+
+    summary.dead_runs_failed = fail_dead_runs(instance)
+    for run_id in summary.dead_runs_failed:
+        echo(f"run {run_id}: its process is gone (killed?); marked failed and its pool slots freed")
+    remove_dead_tokens(app.storage_root)
+    register_sources(instance, app)
+    scheduler = _Scheduler(defs, app, instance, selected, shape, force, echo)
+    log_dir = log_dir or Path(os.environ.get("DAGSTER_HOME", ".")) / "logs"
+    context = multiprocessing.get_context("spawn")
+    in_flight: dict[concurrent.futures.Future, tuple[str, str | None]] = {}
+    with _Stop(echo) as stop, concurrent.futures.ProcessPoolExecutor(
+        max_workers=max(1, workers), mp_context=context, initializer=_worker_init,
+        initargs=(os.getpid(), str(app.path)),
+    ) as pool:
+        while True:
+            if not stop.requested:
+                for node in scheduler.next_ready():
+                    if len(in_flight) >= workers:
+                        break
+                    if scheduler.up_to_date(*node):
+                        scheduler.state[node] = "up_to_date"
+                        summary.up_to_date.append(_label(*node))
+                        echo(f"= {_label(*node)}: up to date")
+                        continue
+                    scheduler.state[node] = "running"
+                    echo(f"▶ {_label(*node)}")
+                    in_flight[pool.submit(execute_task, str(app.path), *node, str(log_dir))] = node
+            if not in_flight:
+                if stop.requested or not scheduler.next_ready():
+                    break
+                continue
+            finished, _ = concurrent.futures.wait(list(in_flight), timeout=WAIT_POLL_S,
+                                                  return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                node = in_flight.pop(future)
+                summary.runs += 1
+                try:
+                    outcome = future.result()
+                except concurrent.futures.process.BrokenProcessPool:
+                    outcome = TaskOutcome(*node, failure="the worker process running it died (killed or out of memory)")
+                scheduler.state[node] = "done" if outcome.success and not outcome.failed_checks else "failed"
+                _report(outcome, summary, echo)
+        summary.interrupted = stop.requested
+    summary.blocked = [_label(*node) for node, state in scheduler.state.items() if state == "blocked"]
+    if summary.interrupted:
+        never = [asset for asset in selected if any(key is not None and (asset, key) not in scheduler.state
+                                                    for key in (scheduler.partitions.get(asset) or [None]))]
+        echo(f"stopped on request; not launched: {', '.join(never) or 'nothing'}")
     return summary
 
 
-def _collect(result: dg.ExecuteInProcessResult, label: str, summary: RunSummary, echo: Callable[[str], None]) -> None:
-    for event in result.all_events:
-        if event.event_type_value == "ASSET_MATERIALIZATION":
-            key = event.asset_key.to_user_string()
-            summary.materialized.append(key)
-            echo(f"  ✓ materialised {key}" + (f" [{event.partition}]" if event.partition else ""))
-        elif event.event_type_value == "ASSET_CHECK_EVALUATION":
-            evaluation = event.event_specific_data
-            name = f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}"
-            status = "passed" if evaluation.passed else f"FAILED ({evaluation.severity.value})"
-            echo(f"  {'✓' if evaluation.passed else '✗'} check {name} {status}")
-            if not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.ERROR:
-                summary.failed_checks.append(f"{name} ({label})")
-    if not result.success:
-        summary.failed_runs.append(f"{label} (run {result.run_id})")
-        for event in result.all_events:
-            if event.event_type_value == "STEP_FAILURE":
-                error = event.event_specific_data.error
-                echo(f"  ✗ {event.step_key} failed: {error.message.strip() if error else 'unknown error'}")
+def _label(asset: str, partition: str | None) -> str:
+    return asset + (f" [{partition}]" if partition else "")
+
+
+def _report(outcome: TaskOutcome, summary: RunSummary, echo: Callable[[str], None]) -> None:
+    if outcome.materialized:
+        summary.materialized.append(outcome.label)
+        echo(f"  ✓ materialised {outcome.label}")
+    for name, passed, severity in outcome.checks:
+        echo(f"  {'✓' if passed else '✗'} check {outcome.asset}:{name} {'passed' if passed else f'FAILED ({severity})'}")
+    summary.failed_checks.extend(f"{outcome.asset}:{name} ({outcome.label})" for name in outcome.failed_checks)
+    if not outcome.success:
+        where = f"; full log: {outcome.log_path}" if outcome.log_path else ""
+        summary.failed_runs.append(f"{outcome.label}: {outcome.failure}" + (f" (run {outcome.run_id}{where})" if outcome.run_id else ""))
+        echo(f"  ✗ {outcome.label} failed: {outcome.failure}{where}")
 
 
 def print_outputs(app: AppConfig, echo: Callable[[str], None] = print) -> None:
@@ -196,8 +488,9 @@ def print_outputs(app: AppConfig, echo: Callable[[str], None] = print) -> None:
             echo(f"  {path}  ({count} files)")
 
 
-def stderr(message: str) -> None:
-    print(message, file=sys.stderr)
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-__all__ = ["CONFIG_ENV_VAR", "RunSummary", "ensure_dagster_home", "print_outputs", "register_sources", "run_graph"]
+__all__ = ["CONFIG_ENV_VAR", "RunSummary", "default_workers", "ensure_dagster_home", "open_instance",
+           "print_outputs", "register_sources", "run_graph"]

@@ -56,7 +56,8 @@ def test_a_local_processor_directory_can_be_configured(tmp_path, demo_app):
 
     local = tmp_path / "my-processor"
     shutil.copytree(embedded_processor_dir(), local)
-    config = parse_config({"model": {"processor": "./my-processor", "processor_kwargs": {"max_pixels": 50176}}},
+    config = parse_config({"inbox": "./inbox",
+                           "model": {"processor": "./my-processor", "processor_kwargs": {"max_pixels": 50176}}},
                           tmp_path / "cfg.yaml")
     assert config.model.processor == str(local)
     processor = load_processor(config.model)

@@ -20,12 +20,15 @@ from vlm_assets.package import extract_package, read_manifest
 
 def write_config(tmp_path: Path, sources: tuple[str, ...] = (), **package) -> Path:
     config = tmp_path / "vlm_assets.yaml"
+    for name in sources:
+        (tmp_path / "raw" / name).mkdir(parents=True, exist_ok=True)
     settings = {"name": "exp1", "compress": "zstd", "include": ["packed_wds", "frame_cache"], "hyperparameters": {"lr": 0.001}}
     settings.update(package)
     config.write_text(
         yaml.safe_dump(
             {
                 "storage": {"root": "./data"},
+                "inbox": "./inbox",
                 "frame_cache": {"num_frames": 4, "frame_size": 56, "rows": 1, "cols": 4},
                 "sources": [{"name": name, "kind": "flat_dir", "path": f"./raw/{name}"} for name in sources],
                 "package": settings,
@@ -108,9 +111,11 @@ def test_check_fails_on_a_damaged_package(tmp_path: Path) -> None:
         resources={"vlm_config": VlmConfig(config_path=str(config))},
         instance=dg.DagsterInstance.ephemeral(),
         selection=dg.AssetSelection.checks_for_assets(training_package),
+        raise_on_error=False,
     )
     [check] = result.get_asset_check_evaluations()
     assert not check.passed and "truncated" in check.metadata["error"].value
+    assert not result.success  # the check blocks: nothing downstream may use a damaged package
 
 
 def test_nothing_to_package_fails_clearly(tmp_path: Path) -> None:

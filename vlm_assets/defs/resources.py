@@ -1,14 +1,29 @@
 """Resources shared by every domain: the user's config, the storage layout under it, and the HF processor."""
 
+import contextlib
 import json
+from collections.abc import Iterable, Iterator
 from functools import cached_property, lru_cache
 from typing import Any
 
 import dagster as dg
 
 from vlm_assets.config import AppConfig, ConfigError, ModelConfig, SourceConfig, load_config
+from vlm_assets.fingerprints import Fingerprints
 from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
+from vlm_assets.locks import file_locks, process_token
+
+# Run tag: the liveness file (vlm_assets.locks.process_token) of the process executing the run,
+# so a run whose process died can be told from one that is still working.
+ALIVE_TAG = "vlm_assets/alive_token"
+# Materialisation metadata: the asset's fingerprint (vlm_assets.fingerprints), also its data version.
+FINGERPRINT_KEY = "fingerprint"
+
+
+def versioned(metadata: dict[str, Any], fingerprint: str) -> dict[str, Any]:
+    """MaterializeResult arguments that record `fingerprint` as data version and in the metadata."""
+    return {"metadata": {**metadata, FINGERPRINT_KEY: fingerprint}, "data_version": dg.DataVersion(fingerprint)}
 from vlm_assets.tokens.processor import load_processor, processor_fingerprint
 
 
@@ -36,6 +51,21 @@ class VlmConfig(dg.ConfigurableResource):
             if source.name == name:
                 return source
         raise ConfigError(f"{self.app.path}: no source named {name!r} in the config or the inbox {self.app.inbox}")
+
+    @cached_property
+    def fingerprints(self) -> Fingerprints:
+        return Fingerprints(self.app, processor_fingerprint(self.app.model), self.sources())
+
+    @contextlib.contextmanager
+    def locked(self, log: dg.DagsterLogManager, exclusive: Iterable[str] = (), shared: Iterable[str] = ()) -> Iterator[None]:
+        """Hold storage locks (StorageLayout's *_lock names) so concurrent runs on this root take turns."""
+        with file_locks(self.app.storage_root, exclusive, shared, on_wait=log.info):
+            yield
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        run = context.dagster_run
+        if run is not None and context.instance is not None and ALIVE_TAG not in run.tags:
+            context.instance.add_run_tags(run.run_id, {ALIVE_TAG: str(process_token(self.app.storage_root))})
 
 
 SOURCES_PARTITIONS = dg.DynamicPartitionsDefinition(name="sources")

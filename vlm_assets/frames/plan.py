@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.catalog.media import is_tar_ref
 from vlm_assets.catalog.schema import STATUS_OK
-from vlm_assets.config import FrameCacheConfig
+from vlm_assets.config import FrameCacheConfig, SourceConfig
 from vlm_assets.frames.probe import VideoError, probe_video, sample_indices
 
 PLAN_FILE = "plan.jsonl"
@@ -53,6 +53,12 @@ def shard_key(number: int) -> str:
 def file_identity(ref: str) -> str:
     """Refs naming the same bytes map to one identity, so the video is decoded once."""
     return ref if is_tar_ref(ref) else os.path.realpath(ref)
+
+
+def frames_source_files(source: SourceConfig) -> list[Path]:
+    """Pre-computed frame counts and indices (video_frames_source.jsonl) beside the source or in its media root."""
+    folders = [source.path.parent if source.path.is_file() else source.path, source.media_root]
+    return sorted({folder / FRAMES_SOURCE_FILE for folder in folders if (folder / FRAMES_SOURCE_FILE).is_file()})
 
 
 def read_plan(cache_dir: Path) -> list[PlannedVideo]:

@@ -10,7 +10,7 @@ from vlm_assets.atomic import write_parquet
 from vlm_assets.catalog.build import MediaValidator, build_catalog, read_catalog
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
-from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig
+from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
 from vlm_assets.tokens.lengths import LengthCounter, LengthResult, SampleForLength
 
 LENGTH_BATCH = 512
@@ -34,35 +34,35 @@ def _reason_table(reasons: pd.Series) -> str:
 def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app = vlm_config.app
     source = vlm_config.source(context.partition_key)
+    fingerprint = vlm_config.fingerprints.of("sample_catalog", source.name)
     context.log.info(f"cataloguing {source.kind} source {source.name!r} at {source.path}")
-    validator = MediaValidator(app.frame_cache.num_frames, MediaCheckLog(vlm_config.layout.media_checks(source.name)))
-    frame = build_catalog(
-        source,
-        app.sample.text_key,
-        progress=lambda n: context.log.info(f"{n} records read"),
-        validator=validator,
-    )
     path = vlm_config.layout.catalog(source.name)
-    write_parquet(frame, path)
+    with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
+        validator = MediaValidator(app.frame_cache.num_frames, MediaCheckLog(vlm_config.layout.media_checks(source.name)))
+        frame = build_catalog(
+            source,
+            app.sample.text_key,
+            progress=lambda n: context.log.info(f"{n} records read"),
+            validator=validator,
+        )
+        write_parquet(frame, path)
     ok = frame[frame.status == STATUS_OK]
     rejected = frame[frame.status != STATUS_OK]
     context.log.info(
         f"{source.name}: {len(ok)} ok, {len(rejected)} rejected -> {path} "
         f"({validator.decoded} media decoded, {validator.remembered} unchanged since their last check)"
     )
-    return dg.MaterializeResult(
-        metadata={
-            "path": dg.MetadataValue.path(str(path)),
-            "samples": len(frame),
-            "ok": len(ok),
-            "rejected": len(rejected),
-            "media_type_counts": dg.MetadataValue.json(ok.media_type.value_counts().to_dict()),
-            "rejects_by_reason": dg.MetadataValue.md(_reason_table(rejected.reason)),
-            "multi_turn_samples": int((ok.n_turns > 2).sum()),
-            "media_decoded": validator.decoded,
-            "media_unchanged_since_last_check": validator.remembered,
-        }
-    )
+    return dg.MaterializeResult(**versioned({
+        "path": dg.MetadataValue.path(str(path)),
+        "samples": len(frame),
+        "ok": len(ok),
+        "rejected": len(rejected),
+        "media_type_counts": dg.MetadataValue.json(ok.media_type.value_counts().to_dict()),
+        "rejects_by_reason": dg.MetadataValue.md(_reason_table(rejected.reason)),
+        "multi_turn_samples": int((ok.n_turns > 2).sum()),
+        "media_decoded": validator.decoded,
+        "media_unchanged_since_last_check": validator.remembered,
+    }, fingerprint))
 
 
 def _samples_for_length(frame: pd.DataFrame) -> list[SampleForLength]:
@@ -95,44 +95,45 @@ def sample_lengths(
 ) -> dg.MaterializeResult:
     app = vlm_config.app
     source = context.partition_key
-    catalog = read_catalog(vlm_config.layout.catalog(source))
-    counter = LengthCounter(hf_processor.load(), app.frame_cache)
-    ok = catalog[catalog.status == STATUS_OK]
-    samples = _samples_for_length(ok)
-    computed: dict[str, LengthResult] = {}
-    for start in range(0, len(samples), LENGTH_BATCH):
-        for result in counter.fast_many(samples[start:start + LENGTH_BATCH]):
-            computed[result.sample_id] = result
-        context.log.info(f"{source}: token lengths {min(start + LENGTH_BATCH, len(samples))}/{len(samples)}")
-    rows = []
-    for row in catalog.itertuples(index=False):
-        result = computed.get(row.sample_id) or LengthResult.rejected(row.sample_id, row.reason)
-        rows.append([getattr(result, column) for column in LENGTH_COLUMNS])
-    frame = pd.DataFrame(rows, columns=list(LENGTH_COLUMNS))
+    fingerprint = vlm_config.fingerprints.of("sample_lengths", source)
     path = vlm_config.layout.lengths(source)
-    write_parquet(frame, path)
+    with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source)]):
+        catalog = read_catalog(vlm_config.layout.catalog(source))
+        counter = LengthCounter(hf_processor.load(), app.frame_cache)
+        ok = catalog[catalog.status == STATUS_OK]
+        samples = _samples_for_length(ok)
+        computed: dict[str, LengthResult] = {}
+        for start in range(0, len(samples), LENGTH_BATCH):
+            for result in counter.fast_many(samples[start:start + LENGTH_BATCH]):
+                computed[result.sample_id] = result
+            context.log.info(f"{source}: token lengths {min(start + LENGTH_BATCH, len(samples))}/{len(samples)}")
+        rows = []
+        for row in catalog.itertuples(index=False):
+            result = computed.get(row.sample_id) or LengthResult.rejected(row.sample_id, row.reason)
+            rows.append([getattr(result, column) for column in LENGTH_COLUMNS])
+        frame = pd.DataFrame(rows, columns=list(LENGTH_COLUMNS))
+        write_parquet(frame, path)
     good = frame[frame.status == STATUS_OK]
     over = int((good.token_len > app.sample.max_token_len).sum())
-    return dg.MaterializeResult(
-        metadata={
-            "path": dg.MetadataValue.path(str(path)),
-            "samples": len(frame),
-            "ok": len(good),
-            "rejected": int(len(frame) - len(good)),
-            "total_tokens": int(good.token_len.sum()),
-            "median_tokens": float(good.token_len.median()) if len(good) else 0.0,
-            "max_tokens": int(good.token_len.max()) if len(good) else 0,
-            "over_max_token_len": over,
-            "length_histogram": dg.MetadataValue.md(_length_histogram(good.token_len, app.sample.max_token_len)),
-            "processor": app.model.processor,
-            "processor_fingerprint": hf_processor.fingerprint(),
-        }
-    )
+    return dg.MaterializeResult(**versioned({
+        "path": dg.MetadataValue.path(str(path)),
+        "samples": len(frame),
+        "ok": len(good),
+        "rejected": int(len(frame) - len(good)),
+        "total_tokens": int(good.token_len.sum()),
+        "median_tokens": float(good.token_len.median()) if len(good) else 0.0,
+        "max_tokens": int(good.token_len.max()) if len(good) else 0,
+        "over_max_token_len": over,
+        "length_histogram": dg.MetadataValue.md(_length_histogram(good.token_len, app.sample.max_token_len)),
+        "processor": app.model.processor,
+        "processor_fingerprint": hf_processor.fingerprint(),
+    }, fingerprint))
 
 
 @dg.asset_check(
     asset=sample_lengths,
     partitions_def=SOURCES_PARTITIONS,
+    blocking=True,
     description="Recomputes a random sample of the source's rows with the exact processor path; any difference fails.",
 )
 def lengths_match_processor(

@@ -6,15 +6,14 @@ from pathlib import Path
 
 import dagster as dg
 
-from vlm_assets.config import SourceConfig
-from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig
+from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig, versioned
 from vlm_assets.frames.index import write_index
 from vlm_assets.frames.plan import (
-    FRAMES_SOURCE_FILE,
     KnownFrames,
     PlannedVideo,
     catalog_videos,
     extend_plan,
+    frames_source_files,
     load_frames_source,
     read_plan,
     shard_members,
@@ -31,16 +30,15 @@ def frame_cache_dir(vlm_config: VlmConfig) -> Path:
     return vlm_config.layout.frame_cache(settings.frame_size, settings.num_frames)
 
 
-def _frames_source_files(source: SourceConfig) -> list[Path]:
-    """Seed-style video_frames_source.jsonl beside the source or in its media root."""
-    folders = [source.path.parent if source.path.is_file() else source.path, source.media_root]
-    return sorted({folder / FRAMES_SOURCE_FILE for folder in folders if (folder / FRAMES_SOURCE_FILE).is_file()})
+def frame_cache_lock(vlm_config: VlmConfig, part: str) -> str:
+    settings = vlm_config.app.frame_cache
+    return vlm_config.layout.frame_cache_lock(settings.frame_size, settings.num_frames, part)
 
 
 def _known_frames(vlm_config: VlmConfig, log: dg.DagsterLogManager) -> dict[str, KnownFrames]:
     known: dict[str, KnownFrames] = {}
     for source in vlm_config.sources():
-        for path in _frames_source_files(source):
+        for path in frames_source_files(source):
             imported = load_frames_source(path, source.name, source.media_root)
             log.info(f"{source.name}: imported frame counts and indices of {len(imported)} videos from {path}")
             known.update(imported)
@@ -79,9 +77,13 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         if video.error:
             context.log.warning(f"{video.keys[0]}: {video.error}")
 
-    existing = read_plan(cache_dir)
-    plan, added = extend_plan(existing, videos, app.frame_cache, _known_frames(vlm_config, context.log), report)
-    write_plan(cache_dir, plan)
+    fingerprint = vlm_config.fingerprints.of("video_frame_plan")
+    # The plan is append-only: read, extend and write it as one writer, or two runs could each
+    # append to the same old plan and one's videos would be lost.
+    with vlm_config.locked(context.log, exclusive=[frame_cache_lock(vlm_config, "plan")]):
+        existing = read_plan(cache_dir)
+        plan, added = extend_plan(existing, videos, app.frame_cache, _known_frames(vlm_config, context.log), report)
+        write_plan(cache_dir, plan)
     shards = list(shard_members(plan))
     known_keys = set(context.instance.get_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name))
     new_keys = [shard for shard in shards if shard not in known_keys]
@@ -89,19 +91,17 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         context.instance.add_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name, new_keys)
     failed = sum(1 for video in plan if video.error)
     context.log.info(f"plan: {len(plan)} videos ({added} new, {failed} unreadable) in {len(shards)} shards")
-    return dg.MaterializeResult(
-        metadata={
-            "videos": len(plan),
-            "media_keys": sum(len(video.keys) for video in plan),
-            "new_videos": added,
-            "probe_failures": failed,
-            "shards": len(shards),
-            "new_shards": dg.MetadataValue.json(new_keys),
-            "sources_without_catalog": dg.MetadataValue.json(missing),
-            "path": dg.MetadataValue.path(str(cache_dir)),
-            "latest_videos": dg.MetadataValue.md(_plan_table(plan)),
-        }
-    )
+    return dg.MaterializeResult(**versioned({
+        "videos": len(plan),
+        "media_keys": sum(len(video.keys) for video in plan),
+        "new_videos": added,
+        "probe_failures": failed,
+        "shards": len(shards),
+        "new_shards": dg.MetadataValue.json(new_keys),
+        "sources_without_catalog": dg.MetadataValue.json(missing),
+        "path": dg.MetadataValue.path(str(cache_dir)),
+        "latest_videos": dg.MetadataValue.md(_plan_table(plan)),
+    }, fingerprint))
 
 
 @dg.asset(
@@ -125,24 +125,26 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
         if done % LOG_EVERY == 0 or done == len(members):
             context.log.info(f"{shard}: {done}/{len(members)} videos")
 
+    fingerprint = vlm_config.fingerprints.of("frame_cache_shard", shard)
     started = time.perf_counter()
-    record, reused = ensure_shard(cache_dir, shard, members, settings, on_video=report)
+    locks = {"shared": [frame_cache_lock(vlm_config, "content")], "exclusive": [frame_cache_lock(vlm_config, shard)]}
+    with vlm_config.locked(context.log, **locks):
+        record, reused = ensure_shard(cache_dir, shard, members, settings, on_video=report)
     seconds = time.perf_counter() - started
     context.log.info(f"{shard}: {'reused' if reused else 'built'} — {len(record.entries)} cached, {len(record.failures)} failed")
-    return dg.MaterializeResult(
-        metadata={
-            "videos": len(members),
-            "cached": len(record.entries),
-            "failed": len(record.failures),
-            "reused": reused,
-            "tar_bytes": record.tar_bytes,
-            "videos_per_second": round(len(members) / seconds, 2) if not reused and seconds > 0 else 0.0,
-            "path": dg.MetadataValue.path(str(tar_path(cache_dir, shard))),
-            "failures": dg.MetadataValue.md(
-                "\n".join(f"- `{failure.video_id}`: {failure.error}" for failure in record.failures) or "none"
-            ),
-        }
-    )
+    return dg.MaterializeResult(**versioned({
+        "videos": len(members),
+        "cached": len(record.entries),
+        "failed": len(record.failures),
+        "reused": reused,
+        "tar_bytes": record.tar_bytes,
+        "seconds": round(seconds, 3),
+        "videos_per_second": round(len(members) / seconds, 2) if not reused and seconds > 0 else 0.0,
+        "path": dg.MetadataValue.path(str(tar_path(cache_dir, shard))),
+        "failures": dg.MetadataValue.md(
+            "\n".join(f"- `{failure.video_id}`: {failure.error}" for failure in record.failures) or "none"
+        ),
+    }, fingerprint))
 
 
 @dg.asset(
@@ -152,20 +154,20 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
 )
 def frame_cache_index(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     cache_dir = frame_cache_dir(vlm_config)
-    plan = read_plan(cache_dir)
-    summary = write_index(cache_dir, plan, vlm_config.app.frame_cache)
+    fingerprint = vlm_config.fingerprints.of("frame_cache_index")
+    with vlm_config.locked(context.log, exclusive=[frame_cache_lock(vlm_config, "index")]):
+        plan = read_plan(cache_dir)
+        summary = write_index(cache_dir, plan, vlm_config.app.frame_cache)
     context.log.info(summary.line())
     if summary.shards_pending:
         context.log.warning(f"shards not built yet: {', '.join(summary.shards_pending)}")
-    return dg.MaterializeResult(
-        metadata={
-            "records": summary.records,
-            "skipped": summary.skipped,
-            "failed": summary.failed,
-            "unique_videos": summary.videos,
-            "shards_done": summary.shards_done,
-            "shards_pending": dg.MetadataValue.json(summary.shards_pending),
-            "summary": summary.line(),
-            "path": dg.MetadataValue.path(str(cache_dir)),
-        }
-    )
+    return dg.MaterializeResult(**versioned({
+        "records": summary.records,
+        "skipped": summary.skipped,
+        "failed": summary.failed,
+        "unique_videos": summary.videos,
+        "shards_done": summary.shards_done,
+        "shards_pending": dg.MetadataValue.json(summary.shards_pending),
+        "summary": summary.line(),
+        "path": dg.MetadataValue.path(str(cache_dir)),
+    }, fingerprint))

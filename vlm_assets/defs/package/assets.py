@@ -3,8 +3,8 @@
 import dagster as dg
 
 from vlm_assets.atomic import remove_stale_temp_files
-from vlm_assets.defs.resources import HEAVY_POOL, VlmConfig
-from vlm_assets.package.compression import COMPRESSIONS, package_file_name
+from vlm_assets.defs.resources import HEAVY_POOL, VlmConfig, versioned
+from vlm_assets.package.compression import COMPRESSIONS
 from vlm_assets.package.readiness import input_problems
 from vlm_assets.package.recipe import spec_from_config
 from vlm_assets.package.writer import PackResult, source_date_epoch, write_package
@@ -36,35 +36,46 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     wants a timestamp sets $SOURCE_DATE_EPOCH; it becomes the manifest's created_at.
     """
     app, layout = vlm_config.app, vlm_config.layout
-    problems = input_problems(app, layout)
-    if problems:
-        raise dg.Failure(
-            description="training_package: inputs are not ready, nothing written:\n" + "\n".join(f"- {p}" for p in problems),
-            metadata={"problems": dg.MetadataValue.json(problems)},
-        )
+    fingerprint = vlm_config.fingerprints.of("training_package")
     packages_dir = layout.packages
     spec = spec_from_config(app, warn=context.log.warning)
-    target = packages_dir / package_file_name(spec.name, spec.compress)
-    for stale in remove_stale_temp_files(packages_dir):
-        context.log.info(f"removed temp file of an interrupted run: {stale}")
-    result = write_package(spec, target, created_at=source_date_epoch(), log=context.log.info)
-    # Only one package per name: a file left by the other compression would be out of date.
-    for other in COMPRESSIONS:
-        old = packages_dir / package_file_name(spec.name, other)
-        if old != target and old.exists():
-            old.unlink()
-            context.log.info(f"removed {old} (package now written as {spec.compress})")
-    return dg.MaterializeResult(
-        metadata={
-            "path": dg.MetadataValue.path(str(result.path)),
-            "compress": spec.compress,
-            "size_bytes": dg.MetadataValue.int(result.package_bytes),
-            "size_mb": dg.MetadataValue.float(round(result.package_bytes / 1e6, 3)),
-            "data_mb": dg.MetadataValue.float(round(result.data_bytes / 1e6, 3)),
-            "compression_ratio": dg.MetadataValue.float(round(result.compression_ratio, 4)),
-            "file_count": dg.MetadataValue.int(len(result.manifest.files)),
-            "roles": dg.MetadataValue.md(_roles_table(result)),
-            "checksum_seconds": dg.MetadataValue.float(round(result.hash_seconds, 3)),
-            "write_seconds": dg.MetadataValue.float(round(result.write_seconds, 3)),
-        }
-    )
+    target = layout.package_file(spec.name, spec.compress)
+    with vlm_config.locked(context.log, **_package_locks(vlm_config)):
+        problems = input_problems(app, layout)
+        if problems:
+            raise dg.Failure(
+                description="training_package: inputs are not ready, nothing written:\n" + "\n".join(f"- {p}" for p in problems),
+                metadata={"problems": dg.MetadataValue.json(problems)},
+            )
+        for stale in remove_stale_temp_files(packages_dir):
+            context.log.info(f"removed temp file of an interrupted run: {stale}")
+        result = write_package(spec, target, created_at=source_date_epoch(), log=context.log.info)
+        # Only one package per name: a file left by the other compression would be out of date.
+        for other in COMPRESSIONS:
+            old = layout.package_file(spec.name, other)
+            if old != target and old.exists():
+                old.unlink()
+                context.log.info(f"removed {old} (package now written as {spec.compress})")
+    return dg.MaterializeResult(**versioned({
+        "path": dg.MetadataValue.path(str(result.path)),
+        "compress": spec.compress,
+        "size_bytes": dg.MetadataValue.int(result.package_bytes),
+        "size_mb": dg.MetadataValue.float(round(result.package_bytes / 1e6, 3)),
+        "data_mb": dg.MetadataValue.float(round(result.data_bytes / 1e6, 3)),
+        "compression_ratio": dg.MetadataValue.float(round(result.compression_ratio, 4)),
+        "file_count": dg.MetadataValue.int(len(result.manifest.files)),
+        "roles": dg.MetadataValue.md(_roles_table(result)),
+        "checksum_seconds": dg.MetadataValue.float(round(result.hash_seconds, 3)),
+        "write_seconds": dg.MetadataValue.float(round(result.write_seconds, 3)),
+    }, fingerprint))
+
+
+def _package_locks(vlm_config: VlmConfig) -> dict[str, list[str]]:
+    """The package is written alone, from inputs no run rewrites meanwhile (shards, metadata, frame cache)."""
+    layout, settings = vlm_config.layout, vlm_config.app.frame_cache
+    frame_cache = [layout.frame_cache_lock(settings.frame_size, settings.num_frames, part) for part in ("plan", "index")]
+    return {
+        "exclusive": [layout.package_lock(vlm_config.app.package.name),
+                      layout.frame_cache_lock(settings.frame_size, settings.num_frames, "content")],
+        "shared": [layout.ENERGON_LOCK, *frame_cache, *(layout.source_lock(s.name) for s in vlm_config.sources())],
+    }

@@ -3,19 +3,19 @@
 import dagster as dg
 
 from vlm_assets.defs.resources import VlmConfig
-from vlm_assets.package.compression import package_file_name
 from vlm_assets.package.manifest import PackageError
 from vlm_assets.package.reader import verify_package
 
 _SHOWN_PROBLEMS = 20
 
 
-@dg.asset_check(asset=dg.AssetKey("training_package"), description="Every file's sha256 in the package matches its manifest.")
+@dg.asset_check(asset=dg.AssetKey("training_package"), blocking=True, description="Every file's sha256 in the package matches its manifest.")
 def package_verifies(context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig) -> dg.AssetCheckResult:
-    package = vlm_config.app.package
-    path = vlm_config.layout.packages / package_file_name(package.name, package.compress)
+    package, layout = vlm_config.app.package, vlm_config.layout
+    path = layout.package_file(package.name, package.compress)
     try:
-        report = verify_package(path, log=context.log.info)
+        with vlm_config.locked(context.log, shared=[layout.package_lock(package.name)]):
+            report = verify_package(path, log=context.log.info)
     except PackageError as error:
         return dg.AssetCheckResult(passed=False, metadata={"path": str(path), "error": str(error)})
     metadata: dict[str, object] = {

@@ -9,7 +9,7 @@ import pandas as pd
 from vlm_assets.atomic import atomic_open, write_parquet
 from vlm_assets.catalog.build import read_catalog
 from vlm_assets.defs.packing import checks
-from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig, versioned
 from vlm_assets.packing.energon import prepare_energon_dataset
 from vlm_assets.packing.plan import fill_ratio, plan_packing, read_bins
 from vlm_assets.packing.records import build_records, read_records, write_jsonl
@@ -35,42 +35,41 @@ def _source(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> str:
 def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     app, layout = vlm_config.app, vlm_config.layout
     source = _source(context, vlm_config)
+    fingerprint = vlm_config.fingerprints.of("packing_bins", source)
     catalog_path, lengths_path = layout.catalog(source), layout.lengths(source)
-    catalog = read_catalog(catalog_path)
-    lengths = pd.read_parquet(lengths_path)
-    started = time.perf_counter()
-    plan = plan_packing(
-        catalog,
-        lengths,
-        app.sample.sample_type,
-        app.sample.max_token_len,
-        catalog_name=str(catalog_path),
-        lengths_name=str(lengths_path),
-    )
-    context.log.info(
-        f"{source}: {plan.packed_count} samples into {len(plan.bins)} bins, {len(plan.rejects)} rejected "
-        f"({time.perf_counter() - started:.2f}s)"
-    )
     bins_path, rejects_path = layout.bins(source), layout.rejects(source)
-    write_parquet(plan.bins, bins_path)
-    write_parquet(plan.rejects, rejects_path)
-
-    # Metadata and checks judge what landed on disk, not what we meant to write.
-    bins, rejects = read_bins(bins_path), pd.read_parquet(rejects_path)
+    with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
+        catalog = read_catalog(catalog_path)
+        lengths = pd.read_parquet(lengths_path)
+        started = time.perf_counter()
+        plan = plan_packing(
+            catalog,
+            lengths,
+            app.sample.sample_type,
+            app.sample.max_token_len,
+            catalog_name=str(catalog_path),
+            lengths_name=str(lengths_path),
+        )
+        context.log.info(
+            f"{source}: {plan.packed_count} samples into {len(plan.bins)} bins, {len(plan.rejects)} rejected "
+            f"({time.perf_counter() - started:.2f}s)"
+        )
+        write_parquet(plan.bins, bins_path)
+        write_parquet(plan.rejects, rejects_path)
+        # Metadata and checks judge what landed on disk, not what we meant to write.
+        bins, rejects = read_bins(bins_path), pd.read_parquet(rejects_path)
     packed_lengths = np.asarray([length for values in bins["lengths"] for length in values], dtype=np.int64)
-    yield dg.MaterializeResult(
-        metadata={
-            "bins_path": dg.MetadataValue.path(str(bins_path)),
-            "rejects_path": dg.MetadataValue.path(str(rejects_path)),
-            "bins": len(bins),
-            "packed_samples": int(packed_lengths.size),
-            "rejected_samples": len(rejects),
-            "fill_ratio": fill_ratio(bins, app.sample.max_token_len),
-            "outcomes": dg.MetadataValue.md(reject_counts_md(int(packed_lengths.size), rejects)),
-            "length_histogram": dg.MetadataValue.md(length_histogram_md(packed_lengths, app.sample.max_token_len)),
-            "fill_summary": dg.MetadataValue.md(fill_summary_md(bins, app.sample.max_token_len)),
-        }
-    )
+    yield dg.MaterializeResult(**versioned({
+        "bins_path": dg.MetadataValue.path(str(bins_path)),
+        "rejects_path": dg.MetadataValue.path(str(rejects_path)),
+        "bins": len(bins),
+        "packed_samples": int(packed_lengths.size),
+        "rejected_samples": len(rejects),
+        "fill_ratio": fill_ratio(bins, app.sample.max_token_len),
+        "outcomes": dg.MetadataValue.md(reject_counts_md(int(packed_lengths.size), rejects)),
+        "length_histogram": dg.MetadataValue.md(length_histogram_md(packed_lengths, app.sample.max_token_len)),
+        "fill_summary": dg.MetadataValue.md(fill_summary_md(bins, app.sample.max_token_len)),
+    }, fingerprint))
     yield from checks.packing_bins_results(catalog["sample_id"], bins, rejects, app)
 
 
@@ -84,15 +83,17 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
 def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app, layout = vlm_config.app, vlm_config.layout
     source = _source(context, vlm_config)
-    bins = read_bins(layout.bins(source))
-    catalog = read_catalog(layout.catalog(source))
+    fingerprint = vlm_config.fingerprints.of("packed_json", source)
     path = layout.packed_json(source)
-    with atomic_open(path, "wb") as handle:
-        count = write_jsonl(build_records(source, bins, catalog, app.sample.sample_type), handle)
+    with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
+        bins = read_bins(layout.bins(source))
+        catalog = read_catalog(layout.catalog(source))
+        with atomic_open(path, "wb") as handle:
+            count = write_jsonl(build_records(source, bins, catalog, app.sample.sample_type), handle)
     context.log.info(f"{source}: {count} packed records -> {path}")
-    return dg.MaterializeResult(
-        metadata={"path": dg.MetadataValue.path(str(path)), "records": count, "sample_type": app.sample.sample_type}
-    )
+    return dg.MaterializeResult(**versioned(
+        {"path": dg.MetadataValue.path(str(path)), "records": count, "sample_type": app.sample.sample_type}, fingerprint
+    ))
 
 
 @dg.asset(
@@ -107,8 +108,8 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
 def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     app, layout = vlm_config.app, vlm_config.layout
     source = _source(context, vlm_config)
+    fingerprint = vlm_config.fingerprints.of("packed_wds_shards", source)
     jsonl_path = layout.packed_json(source)
-    catalog = read_catalog(layout.catalog(source))
     directory = layout.packed_wds(source)
     written = 0
     last_log = time.monotonic()
@@ -120,22 +121,23 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
             context.log.info(f"{source}: {written} samples written (at {key})")
             last_log = time.monotonic()
 
-    shards = write_shards(read_records(jsonl_path, catalog), directory, app.wds.maxcount, app.wds.maxsize, progress)
-    context.log.info(f"{source}: {written} samples in {len(shards)} shards -> {directory}")
+    with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
+        catalog = read_catalog(layout.catalog(source))
+        shards = write_shards(read_records(jsonl_path, catalog), directory, app.wds.maxcount, app.wds.maxsize, progress)
+        context.log.info(f"{source}: {written} samples in {len(shards)} shards -> {directory}")
+        members_result = checks.shard_members_result(list_shards(directory), jsonl_path)
     table = ["| shard | samples | bytes |", "|---|---:|---:|"] + [
         f"| {shard.path.name} | {len(shard.keys)} | {shard.size} |" for shard in shards
     ]
-    yield dg.MaterializeResult(
-        metadata={
-            "directory": dg.MetadataValue.path(str(directory)),
-            "shards": len(shards),
-            "samples": written,
-            "bytes": sum(shard.path.stat().st_size for shard in shards),
-            "shard_paths": dg.MetadataValue.json([str(shard.path) for shard in shards]),
-            "shard_table": dg.MetadataValue.md("\n".join(table)),
-        }
-    )
-    yield checks.shard_members_result(list_shards(directory), jsonl_path)
+    yield dg.MaterializeResult(**versioned({
+        "directory": dg.MetadataValue.path(str(directory)),
+        "shards": len(shards),
+        "samples": written,
+        "bytes": sum(shard.size for shard in shards),
+        "shard_paths": dg.MetadataValue.json([str(shard.path) for shard in shards]),
+        "shard_table": dg.MetadataValue.md("\n".join(table)),
+    }, fingerprint))
+    yield members_result
 
 
 @dg.asset(
@@ -147,16 +149,17 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
 def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app, layout = vlm_config.app, vlm_config.layout
     root = layout.packed_wds_root
-    shards = [shard for source in vlm_config.sources() for shard in list_shards(layout.packed_wds(source.name))]
-    context.log.info(f"preparing Energon metadata over {len(shards)} shards under {root}")
-    dataset = prepare_energon_dataset(root, shards, app.sample.sample_type)
+    fingerprint = vlm_config.fingerprints.of("energon_dataset")
+    sources = [source.name for source in vlm_config.sources()]
+    with vlm_config.locked(context.log, exclusive=[layout.ENERGON_LOCK], shared=map(layout.source_lock, sources)):
+        shards = [shard for source in sources for shard in list_shards(layout.packed_wds(source))]
+        context.log.info(f"preparing Energon metadata over {len(shards)} shards under {root}")
+        dataset = prepare_energon_dataset(root, shards, app.sample.sample_type)
     context.log.info(f"Energon indexed {dataset.sample_count} samples -> {dataset.meta_dir}")
-    return dg.MaterializeResult(
-        metadata={
-            "path": dg.MetadataValue.path(str(root)),
-            "meta_dir": dg.MetadataValue.path(str(dataset.meta_dir)),
-            "shards": len(dataset.shards),
-            "samples": dataset.sample_count,
-            "sample_type": app.sample.sample_type,
-        }
-    )
+    return dg.MaterializeResult(**versioned({
+        "path": dg.MetadataValue.path(str(root)),
+        "meta_dir": dg.MetadataValue.path(str(dataset.meta_dir)),
+        "shards": len(dataset.shards),
+        "samples": dataset.sample_count,
+        "sample_type": app.sample.sample_type,
+    }, fingerprint))

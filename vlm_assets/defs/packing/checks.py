@@ -15,15 +15,15 @@ from vlm_assets.packing.records import record_id
 from vlm_assets.packing.verify import accounting_problems, oversized_bins, shard_problems
 
 PACKING_BINS_CHECKS = [
-    dg.AssetCheckSpec("every_sample_accounted_for", asset="packing_bins",
+    dg.AssetCheckSpec("every_sample_accounted_for", asset="packing_bins", blocking=True,
                       description="catalogue = packed ∪ rejects, disjoint, each id once"),
-    dg.AssetCheckSpec("bins_within_max_token_len", asset="packing_bins",
+    dg.AssetCheckSpec("bins_within_max_token_len", asset="packing_bins", blocking=True,
                       description="every bin's total ≤ sample.max_token_len"),
     dg.AssetCheckSpec("fill_ratio", asset="packing_bins",
                       description="share of the token budget used; warns below packing.min_fill_ratio"),
 ]
 SHARD_CHECKS = [
-    dg.AssetCheckSpec("tar_members_match_records", asset="packed_wds_shards",
+    dg.AssetCheckSpec("tar_members_match_records", asset="packed_wds_shards", blocking=True,
                       description="the shards hold exactly packed_json's records, each with exactly its members"),
 ]
 
@@ -66,17 +66,21 @@ def shard_members_result(shards: list[Path], jsonl_path: Path) -> dg.AssetCheckR
 
 @dg.asset_check(
     asset="energon_dataset",
+    blocking=True,
     description="Load every sample through Energon's loader (stateless cooker, errors re-raised); ids must equal the bins'.",
 )
 def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig) -> dg.AssetCheckResult:
     layout = vlm_config.layout
-    expected = [
-        record_id(source.name, int(bin_id))
-        for source in vlm_config.sources()
-        if layout.bins(source.name).exists()
-        for bin_id in read_bins(layout.bins(source.name))["bin_id"]
-    ]
-    loaded = load_all_ids(layout.packed_wds_root)
+    sources = [source.name for source in vlm_config.sources()]
+    # Shared with other readers; excludes shard writers and a re-prepare while Energon reads.
+    with vlm_config.locked(context.log, shared=[layout.ENERGON_LOCK, *map(layout.source_lock, sources)]):
+        expected = [
+            record_id(source, int(bin_id))
+            for source in sources
+            if layout.bins(source).exists()
+            for bin_id in read_bins(layout.bins(source))["bin_id"]
+        ]
+        loaded = load_all_ids(layout.packed_wds_root)
     context.log.info(f"Energon loaded {len(loaded)} samples; bins expect {len(expected)}")
     duplicates = sorted(key for key, count in Counter(loaded).items() if count > 1)
     missing = sorted(set(expected) - set(loaded))

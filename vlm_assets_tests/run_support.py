@@ -1,0 +1,105 @@
+"""Real `vlm-assets run` processes for the run-safety tests: sites sharing one set of inputs, byte snapshots."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import yaml
+
+from vlm_assets.config import load_config
+from vlm_assets.locks import LOCK_DIR
+from vlm_assets.runner import ASSET_TAG
+
+RUN_TIMEOUT_S = 600
+
+
+def site_config(demo_config: Path, site: Path, **overrides) -> Path:
+    """A config reading the demo's inputs (absolute paths) and writing under `site/vlm_data`."""
+    app = load_config(demo_config)
+    raw = yaml.safe_load(demo_config.read_text())
+    raw["storage"] = {"root": str(site / "vlm_data")}
+    raw["inbox"] = str(site / "inbox")
+    raw["sources"] = [
+        {"name": source.name, "kind": source.kind, "path": str(source.path), "media_root": str(source.media_root)}
+        for source in app.sources
+    ]
+    for section, values in overrides.items():
+        raw[section] = {**raw.get(section, {}), **values}
+    site.mkdir(parents=True, exist_ok=True)
+    path = site / "vlm_assets.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def start_run(config: Path, home: Path, *args: str) -> subprocess.Popen:
+    """`vlm-assets run` in its own process group, as a terminal would start it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "vlm_assets.cli", "run", "--config", str(config), *args],
+        env={**os.environ, "DAGSTER_HOME": str(home), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+
+
+def run(config: Path, home: Path, *args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    process = start_run(config, home, *args)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise AssertionError(f"vlm-assets run did not finish in {timeout} s:\n{output[-4000:]}") from None
+    return subprocess.CompletedProcess(process.args, process.returncode, output, "")
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """sha256 of every output file under `root`, by relative path (coordination files left out)."""
+    digests = {}
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if relative.parts[0] == LOCK_DIR or not path.is_file():
+            continue
+        digests[str(relative)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digests
+
+
+def differences(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
+    problems = [f"missing {name}" for name in sorted(set(expected) - set(actual))]
+    problems += [f"unexpected {name}" for name in sorted(set(actual) - set(expected))]
+    problems += [f"differs {name}" for name in sorted(set(expected) & set(actual)) if expected[name] != actual[name]]
+    return problems
+
+
+def single_slot_instance(home: Path) -> None:
+    """An instance whose pools have one slot each: a slot a dead run keeps would block every later step."""
+    from vlm_assets.runner import INSTANCE_CONFIG_HEADER, instance_config_text
+
+    home.mkdir(parents=True, exist_ok=True)
+    text = instance_config_text().removeprefix(INSTANCE_CONFIG_HEADER)
+    settings = yaml.safe_load(text)
+    settings["concurrency"]["pools"]["default_limit"] = 1
+    (home / "dagster.yaml").write_text(yaml.safe_dump(settings))
+
+
+def wait_for_started_run(home: Path, asset: str, partition: str | None = None, timeout: float = 300) -> dg.DagsterRun:
+    """The first STARTED run that materialises `asset` (that partition), once one exists."""
+    deadline = time.monotonic() + timeout
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        while time.monotonic() < deadline:
+            for run in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])):
+                wanted_partition = partition is None or run.tags.get("dagster/partition") == partition
+                if run.tags.get(ASSET_TAG) == asset and wanted_partition:
+                    return run
+            time.sleep(0.2)
+    raise AssertionError(f"no started run of {asset} within {timeout} s")
+
+
+def run_status(home: Path, run_id: str) -> dg.DagsterRunStatus:
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return instance.get_run_by_id(run_id).status

@@ -1,0 +1,204 @@
+"""Run safety with real processes: kill -9 and rerun, Ctrl-C, concurrent runs, byte-identical outputs,
+unchanged reruns, a full disk. Every site reads the same demo inputs and writes its own storage root.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from vlm_assets.config import load_config
+from vlm_assets.locks import file_lock
+from vlm_assets_tests.run_support import (
+    differences,
+    run,
+    run_status,
+    single_slot_instance,
+    site_config,
+    snapshot,
+    start_run,
+    wait_for_started_run,
+)
+
+WORKERS = ("--workers", "2")
+
+
+@pytest.fixture(scope="module")
+def reference(demo_config_path, tmp_path_factory):
+    """One clean run: its config and the bytes of every output."""
+    site = tmp_path_factory.mktemp("reference")
+    config = site_config(demo_config_path, site)
+    result = run(config, site / "home", *WORKERS)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "0 failed run(s), 0 failed check(s)" in result.stdout
+    return config, snapshot(site / "vlm_data"), result
+
+
+def test_a_clean_run_elsewhere_gives_the_same_bytes_and_an_unchanged_rerun_does_nothing(reference, demo_config_path, tmp_path):
+    _, expected, first = reference
+    config = site_config(demo_config_path, tmp_path)
+    home = tmp_path / "home"
+    assert run(config, home, "--workers", "1").returncode == 0
+    assert differences(expected, snapshot(tmp_path / "vlm_data")) == []
+
+    mtimes = {path: path.stat().st_mtime_ns for path in (tmp_path / "vlm_data").rglob("*") if path.is_file()}
+    again = run(config, home, *WORKERS)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "0 run(s), 0 materialisation(s), 21 up to date" in again.stdout
+    rewritten = [str(path) for path, mtime in mtimes.items() if path.stat().st_mtime_ns != mtime]
+    assert rewritten == []
+
+    # A changed section rebuilds exactly what reads it: wds.maxcount → shards, Energon metadata, package.
+    changed = site_config(demo_config_path, tmp_path, wds={"maxcount": 2})
+    rebuilt = run(changed, home, *WORKERS)
+    assert rebuilt.returncode == 0, rebuilt.stdout[-3000:]
+    launched = sorted(line.split(" ", 1)[1] for line in rebuilt.stdout.splitlines() if line.startswith("▶ "))
+    assert launched == ["energon_dataset", "packed_wds_shards [demo_images]", "packed_wds_shards [demo_video]",
+                        "packed_wds_shards [demo_wds]", "training_package"]
+    forced = run(changed, home, *WORKERS, "--select", "packed_json", "--force")
+    assert forced.returncode == 0 and "0 up to date" in forced.stdout
+
+
+@pytest.mark.parametrize(
+    ("asset", "partition", "prepare", "lock"),
+    [
+        ("sample_lengths", "demo_images", "sample_catalog", "source-demo_images"),
+        ("packed_wds_shards", "demo_images", "packed_json", "source-demo_images"),
+        ("frame_cache_shard", "part-00000", "video_frame_plan", "frame_cache-384-64-part-00000"),
+    ],
+)
+def test_kill_9_in_a_step_then_a_rerun_on_the_same_instance_completes(
+    reference, demo_config_path, tmp_path, asset, partition, prepare, lock
+):
+    _, expected, _ = reference
+    config = site_config(demo_config_path, tmp_path)
+    home = tmp_path / "home"
+    single_slot_instance(home)
+    assert run(config, home, *WORKERS, "--select", prepare).returncode == 0
+    root = load_config(config).storage_root
+    # Holding the step's storage lock parks the step inside its body, pool slot taken: a
+    # deterministic point to kill it at.
+    with file_lock(root, lock):
+        process = start_run(config, home, *WORKERS)
+        victim = wait_for_started_run(home, asset, partition)
+        time.sleep(1.0)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate(timeout=60)
+        time.sleep(2.0)  # the worker notices its CLI is gone
+        assert run_status(home, victim.run_id) == dg.DagsterRunStatus.STARTED  # dead, but nobody knows yet
+    rerun = run(config, home, *WORKERS, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout[-4000:]
+    assert f"run {victim.run_id}: its process is gone" in rerun.stdout
+    assert run_status(home, victim.run_id) == dg.DagsterRunStatus.FAILURE
+    assert differences(expected, snapshot(root)) == []
+
+
+def test_ctrl_c_stops_after_the_step_in_flight_and_launches_nothing_more(demo_config_path, tmp_path):
+    config = site_config(demo_config_path, tmp_path)
+    home = tmp_path / "home"
+    assert run(config, home, *WORKERS, "--select", "video_frame_plan").returncode == 0
+    root = load_config(config).storage_root
+    with file_lock(root, "frame_cache-384-64-part-00000"):
+        process = start_run(config, home, "--workers", "1")
+        victim = wait_for_started_run(home, "frame_cache_shard", "part-00000")
+        process.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 130, output[-3000:]
+    assert "stopping after the step(s) in flight" in output
+    assert run_status(home, victim.run_id) == dg.DagsterRunStatus.SUCCESS  # the step in flight finished
+    lines = output.splitlines()
+    stopping = next(index for index, line in enumerate(lines) if "stopping after the step(s) in flight" in line)
+    launched = [line for line in lines if line.startswith("▶ ")]
+    assert launched[-1] == "▶ frame_cache_shard [part-00000]"
+    assert not [line for line in lines[stopping:] if line.startswith("▶ ")]
+    assert not (root / "packages").exists()
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_latest_materialization_event(dg.AssetKey("frame_cache_index")) is None
+
+
+@pytest.mark.parametrize("instances", ["one instance", "two instances"])
+def test_concurrent_runs_on_one_storage_root_never_fail_and_write_the_same_bytes(reference, demo_config_path, tmp_path, instances):
+    _, expected, _ = reference
+    config = site_config(demo_config_path, tmp_path)
+    homes = [tmp_path / "home", tmp_path / ("home" if instances == "one instance" else "home2")]
+    for attempt in range(2):
+        processes = [start_run(config, home, "--workers", "1", *(["--force"] if attempt else [])) for home in homes]
+        outputs = [process.communicate(timeout=600)[0] for process in processes]
+        for process, output in zip(processes, outputs):
+            assert process.returncode == 0, output[-4000:]
+        assert differences(expected, snapshot(load_config(config).storage_root)) == []
+
+
+def test_readers_never_see_energon_metadata_being_rewritten(reference, demo_config_path, tmp_path):
+    """Energon's loader, run over and over while forced runs re-prepare the metadata, always loads every sample."""
+    from vlm_assets.packing.energon import load_all_ids
+
+    config = site_config(demo_config_path, tmp_path)
+    home = tmp_path / "home"
+    assert run(config, home, *WORKERS, "--select", "energon_dataset").returncode == 0
+    root = load_config(config).storage_root / "packed_wds"
+    expected_ids = sorted(load_all_ids(root))
+    failures, stop = [], threading.Event()
+
+    def keep_loading() -> None:
+        while not stop.is_set():
+            try:
+                assert sorted(load_all_ids(root)) == expected_ids
+            except Exception as error:  # noqa: BLE001 — any failure of a reader is the finding
+                failures.append(repr(error))
+
+    reader = threading.Thread(target=keep_loading)
+    reader.start()
+    try:
+        for _ in range(2):
+            result = run(config, home, *WORKERS, "--select", "energon_dataset", "--force")
+            assert result.returncode == 0, result.stdout[-3000:]
+    finally:
+        stop.set()
+        reader.join()
+    assert failures == []
+
+
+def test_a_full_disk_is_named_in_one_line(demo_config_path, tmp_path):
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare to mount a small tmpfs")
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create a mount namespace here: {probe.stderr.decode().strip()}")
+    site = tmp_path / "site"
+    config = site_config(demo_config_path, site)
+    (site / "vlm_data").mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    cli = [sys.executable, "-m", "vlm_assets.cli", "run", "--config", str(config), "--workers", "1"]
+    command = f"mount -t tmpfs -o size=400k tmpfs {site / 'vlm_data'} && exec {subprocess.list2cmdline(cli)}"
+    result = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", command],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "DAGSTER_HOME": str(home)},
+    )
+    assert result.returncode != 0
+    failed = [line for line in result.stdout.splitlines() if "failed:" in line and "No space left on device" in line]
+    assert failed, result.stdout[-4000:] + result.stderr[-2000:]
+    assert str(site / "vlm_data") in failed[0] and "full log: " in failed[0]
+    log = Path(failed[0].rsplit("full log: ", 1)[1])
+    assert log.is_file() and "Stack Trace" in log.read_text()
+    assert "did every source reject" not in result.stdout + result.stderr
+
+
+def test_a_storage_root_that_is_a_file_is_a_config_error(demo_config_path, tmp_path):
+    site = tmp_path / "site"
+    config = site_config(demo_config_path, site)
+    (site / "vlm_data").write_text("not a directory")
+    result = run(config, tmp_path / "home")
+    assert result.returncode == 2
+    assert f"storage.root is not a directory: {site / 'vlm_data'}" in result.stdout
