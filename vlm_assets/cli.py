@@ -23,6 +23,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     app = load_config(args.config)
+    if not app.sources:
+        raise ConfigError(f"{app.path}: sources: `vlm-assets run` builds the configured sources and there are none; "
+                          "add a `sources:` list (inbox entries are built by the inbox sensor under `dagster dev`)")
     # The code location reads the same file, so the UI and this run agree on settings.
     os.environ[CONFIG_ENV_VAR] = str(app.path)
     from vlm_assets.runner import default_workers, ensure_dagster_home, open_instance, print_outputs, run_graph
