@@ -1,4 +1,4 @@
-"""Sources dropped into the inbox directory (SPEC §2 `inbox`), discovered by shape.
+"""Sources dropped into the inbox directory (config key `inbox`), discovered by shape (docs/formats.md).
 
 - a subdirectory holding `*.json` files             -> flat_dir source
 - a subdirectory holding `pretrain-*.tar` shards     -> wds source

@@ -2,10 +2,11 @@
 
 Accepted conversation fields: the configured text key, ``messages`` (role/content,
 content a string or OpenAI-style parts), LLaVA ``conversations`` (from/value) and
-``texts``. Media come from ``images``/``videos``/``image``/``video``, the seed's
+``texts``. Media come from ``images``/``videos``/``image``/``video``,
 ``media_files``/``name`` with ``media``/``media_type``, or inline content parts.
 ``<image>`` / ``<video>`` placeholders mark positions; without any, media go first
 in the first user turn. Text around placeholders is kept verbatim.
+The accepted record shapes are described in docs/formats.md (Inputs).
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def _bind_media(messages: list[dict[str, str]], inline: list[MediaItem], declare
     declared_counts = {kind: sum(1 for item in declared if item.kind == kind) for kind in PLACEHOLDERS}
     untyped = [item for item in declared if not item.kind]
     if untyped:
-        # The seed's media_files without a media type: kind comes from the resolver (extension or content).
+        # media_files without a media_type: the kind comes from the resolver (extension or content).
         if any(counts.values()):
             raise SampleError("media_files without media_type cannot be matched to <image>/<video> placeholders")
         prefix = "".join(f"\x00untyped:{index}\x00" for index in range(len(untyped)))

@@ -1,7 +1,7 @@
-"""Column contracts of the catalogue and length tables that downstream assets read.
+"""Column contracts of the catalogue and length tables that downstream assets read (docs/formats.md).
 
 ``catalog/<source>.parquet`` — one row per input sample:
-  sample_id    str        stable id (SPEC §3), unique within the source
+  sample_id    str        stable id "<source>/<local id>", unique within the source
   source       str        source name (= partition key)
   origin       str        where the sample came from, for error messages (file, file:line, tar:key)
   status       str        "ok" | "rejected"
@@ -9,7 +9,7 @@
   messages     str        JSON list of {"role": system|user|assistant, "content": str}; media
                           appear as "<image>" / "<video>" placeholders in media order
   n_turns      int        number of user+assistant messages
-  media_files  list[str]  media names as the sample wrote them (basename-like, for packed records)
+  media_files  list[str]  media names as the sample wrote them (file or member name when found by stem)
   media_kinds  list[str]  "image" | "video", parallel to media_files
   media_refs   list[str]  where the bytes are (vlm_assets.catalog.media: a path or a tar: ref)
   media_keys   list[str]  "<source>/<path relative to the source's media root>" (frame-cache key)

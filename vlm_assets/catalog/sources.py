@@ -1,4 +1,4 @@
-"""Readers for the three input kinds (SPEC §3): each yields raw records with a media resolver.
+"""Readers for the three input kinds (docs/formats.md, Inputs): each yields raw records with a media resolver.
 
 Media names resolve to exactly one file (or tar member); anything else is a
 reject reason, never a guess.

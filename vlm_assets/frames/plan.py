@@ -39,7 +39,7 @@ class PlannedVideo:
 
 @dataclass(frozen=True)
 class KnownFrames:
-    """Frame count, rate and indices imported from a seed-style video_frames_source.jsonl."""
+    """Frame count, rate and indices imported from a precomputed video_frames_source.jsonl."""
 
     total_frames: int
     fps: float
@@ -159,7 +159,7 @@ _INDEX_FIELDS = ("frame_indices", "indices", "sample_indices", "frame_idx")
 
 
 def load_frames_source(path: Path, source: str, media_root: Path) -> dict[str, KnownFrames]:
-    """Read a seed-style video_frames_source.jsonl: relative video path, total frames, fps, indices.
+    """Read a video_frames_source.jsonl of precomputed frame counts: per line a video path, total frames, fps, indices.
 
     Paths may be relative to `media_root` or absolute below it; results are keyed by media key
     `<source>/<relative path>`. A line without a path or a frame count is an error naming the line.

@@ -31,7 +31,7 @@ class VideoProbe:
 
 
 def sample_indices(total_frames: int, num_frames: int) -> list[int]:
-    """`num_frames` indices spread evenly over `total_frames` decodable frames (SPEC §5)."""
+    """`num_frames` indices spread evenly over `total_frames` decodable frames (repeats when there are fewer)."""
     if total_frames < 1:
         raise VideoError("video has no decodable frames")
     return [int(i) for i in np.round(np.linspace(0, total_frames - 1, num_frames))]

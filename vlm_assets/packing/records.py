@@ -1,11 +1,11 @@
-"""Packed records (SPEC §5): one JSON object per bin, lossless about its samples.
+"""Packed records (docs/formats.md): one JSON object per bin, lossless about its samples.
 
 Field choices:
 - ``messages``: each sample's full conversation, exactly as the catalogue holds it
   (``<image>`` / ``<video>`` placeholders mark media positions).
 - ``texts.prompts`` / ``texts.captions``: the first user / first assistant turn of
   each sample with the placeholders removed and surrounding whitespace stripped
-  ("" when the sample has no such turn). Kept for cookers written for the seed.
+  ("" when the sample has no such turn): a flat view for cookers that do not parse ``messages``.
 - ``media_files``: per sample, the tar member suffixes ``img<k>.<ext>`` /
   ``vid<k>.<ext>`` (k = flat media index within the record, ext sniffed from the
   bytes), so two samples that both say ``0001.jpg`` never collide.

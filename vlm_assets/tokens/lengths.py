@@ -1,4 +1,4 @@
-"""Exact token lengths (SPEC §5): the length of `input_ids` the processor returns for a sample.
+"""Exact token lengths: the length of `input_ids` the processor returns for a sample (docs/formats.md).
 
 Two paths that must agree on every sample:
 - exact: render the chat template, load images as `transformers.image_utils.load_image` does,
