@@ -1,4 +1,4 @@
-"""Where every output lives under `storage.root` (SPEC §4); the only place paths are spelled."""
+"""Where every output lives under `storage.root` (docs/formats.md); the only place paths are spelled."""
 
 from __future__ import annotations
 

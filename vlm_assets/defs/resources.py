@@ -28,7 +28,7 @@ from vlm_assets.tokens.processor import load_processor, processor_fingerprint
 
 
 class VlmConfig(dg.ConfigurableResource):
-    """The validated YAML config (SPEC §2) every asset reads its settings from."""
+    """The validated YAML config (docs/formats.md) every asset reads its settings from."""
 
     config_path: str
 

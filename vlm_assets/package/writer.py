@@ -97,7 +97,7 @@ def is_staging_dir(name: str) -> bool:
 
 
 def is_temp_file(name: str) -> bool:
-    """Half-written outputs of atomic writers (`.<name>.<random>.tmp`) never go into a package."""
+    """Half-written outputs of atomic writers (`.<name>~<writer>~<random>.tmp`) never go into a package."""
     return name.startswith(".") and name.endswith(".tmp")
 
 

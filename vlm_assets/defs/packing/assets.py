@@ -78,7 +78,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     deps=[packing_bins],
     group_name=GROUP,
     kinds={"json"},
-    description="One packed record per bin (SPEC §5): full messages, per-sample lengths, texts, media members and keys.",
+    description="One packed record per bin: full messages, per-sample lengths, texts, media members and keys.",
 )
 def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app, layout = vlm_config.app, vlm_config.layout
