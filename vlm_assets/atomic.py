@@ -20,9 +20,32 @@ TEMP_SUFFIX = ".tmp"
 TEMP_SEPARATOR = "~"
 
 
+COMPARE_CHUNK = 1 << 20
+
+
+def same_bytes(a: Path, b: Path) -> bool:
+    """Whether two files hold the same bytes (sizes first, so a changed file is rarely read twice)."""
+    try:
+        if a.stat().st_size != b.stat().st_size:
+            return False
+        with open(a, "rb") as first, open(b, "rb") as second:
+            while True:
+                chunk = first.read(COMPARE_CHUNK)
+                if chunk != second.read(COMPARE_CHUNK):
+                    return False
+                if not chunk:
+                    return True
+    except FileNotFoundError:
+        return False
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside `target`; rename it over `target` on success."""
+    """Yield a temporary path beside `target`; rename it over `target` on success.
+
+    When the new bytes equal the existing file's, the existing file is kept as it is: a rebuild
+    that changes nothing touches nothing, and a reader holding the file never sees it replaced.
+    """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps_of(target)
@@ -35,7 +58,8 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
             os.fsync(handle.fileno())
         # mkstemp creates owner-only files; outputs are data for other users and tools too.
         os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+        if not same_bytes(tmp, target):
+            os.replace(tmp, target)
     except OSError as error:
         if error.filename is None and error.errno is not None:
             # A failed write() names no file; "No space left on device" alone does not say where.

@@ -219,20 +219,30 @@ def _worker_state(config_path: str) -> tuple[dg.Definitions, dg.DagsterInstance,
     return _worker["defs"], _worker["instance"], _worker["vlm_config"]  # type: ignore[return-value]
 
 
-def execute_task(config_path: str, asset: str, partition: str | None, log_dir: str) -> TaskOutcome:
-    """Materialise one asset partition (and its checks) as one run; summarise what happened."""
+def execute_task(config_path: str, asset: str, partition: str | None, log_dir: str,
+                 executor: str = "in_process") -> TaskOutcome:
+    """Materialise one asset partition (and its checks) as one run; summarise what happened.
+
+    With the celery executor this process orchestrates the run and Celery workers execute its steps.
+    """
     defs, instance, vlm_config = _worker_state(config_path)
     token = process_token(vlm_config.app.storage_root)
-    result = dg.materialize(
-        list(defs.assets or []) + list(defs.asset_checks or []),
-        selection=dg.AssetSelection.assets(asset),
-        partition_key=partition,
-        instance=instance,
-        resources=defs.resources or {},
-        run_config=RUN_LOGGING,
-        raise_on_error=False,
-        tags={**LAUNCHED_BY_TAG, ASSET_TAG: asset, ALIVE_TAG: str(token)},
-    )
+    if executor == "celery":
+        from vlm_assets.scale_out.executor import execute_on_workers
+
+        result = execute_on_workers(config_path, asset, partition, instance, RUN_LOGGING,
+                                    tags={**LAUNCHED_BY_TAG, ASSET_TAG: asset, ALIVE_TAG: str(token)})
+    else:
+        result = dg.materialize(
+            list(defs.assets or []) + list(defs.asset_checks or []),
+            selection=dg.AssetSelection.assets(asset),
+            partition_key=partition,
+            instance=instance,
+            resources=defs.resources or {},
+            run_config=RUN_LOGGING,
+            raise_on_error=False,
+            tags={**LAUNCHED_BY_TAG, ASSET_TAG: asset, ALIVE_TAG: str(token)},
+        )
     outcome = TaskOutcome(asset, partition, run_id=result.run_id, success=result.success)
     for event in result.all_events:
         if event.event_type_value == "ASSET_MATERIALIZATION":
@@ -303,7 +313,10 @@ class _Stop:
 
     def _handle(self, signum: int, frame) -> None:
         if self.requested:
-            raise KeyboardInterrupt
+            # Waiting for the pool to wind down is what the user just declined; the workers follow
+            # their CLI out within a second and the next run fails their runs as dead.
+            self.echo(f"{signal.Signals(signum).name} again: aborting; the runs in flight are killed")
+            os._exit(130)
         self.requested = True
         self.echo(f"{signal.Signals(signum).name}: stopping after the step(s) in flight; nothing more is launched "
                   "(signal again to abort them)")
@@ -405,9 +418,12 @@ def run_graph(
     workers: int = 1,
     force: bool = False,
     log_dir: Path | None = None,
+    executor: str = "in_process",
 ) -> RunSummary:
     shape = graph_shape(defs)
     selected = selected_assets(shape, select)
+    if executor == "celery":
+        _require_celery_workers(echo)
     summary = RunSummary()
     from vlm_assets.defs.automation.dead_runs import fail_dead_runs
 
@@ -436,7 +452,7 @@ def run_graph(
                         continue
                     scheduler.state[node] = "running"
                     echo(f"▶ {_label(*node)}")
-                    in_flight[pool.submit(execute_task, str(app.path), *node, str(log_dir))] = node
+                    in_flight[pool.submit(execute_task, str(app.path), *node, str(log_dir), executor)] = node
             if not in_flight:
                 if stop.requested or not scheduler.next_ready():
                     break
@@ -459,6 +475,18 @@ def run_graph(
                                                     for key in (scheduler.partitions.get(asset) or [None]))]
         echo(f"stopped on request; not launched: {', '.join(never) or 'nothing'}")
     return summary
+
+
+def _require_celery_workers(echo: Callable[[str], None]) -> None:
+    """Refuse to start when no worker would take the steps: the runs would wait for ever."""
+    from vlm_assets.scale_out.executor import START_WORKERS_HINT, answering_workers, printable_url, require_broker
+
+    broker = require_broker()
+    workers = answering_workers(broker)
+    if not workers:
+        raise ValueError(f"no Celery worker answers on {printable_url(broker)} ($VLM_ASSETS_CELERY_BROKER); "
+                         f"{START_WORKERS_HINT}")
+    echo(f"steps go to {len(workers)} Celery worker(s): {', '.join(workers)}")
 
 
 def _label(asset: str, partition: str | None) -> str:

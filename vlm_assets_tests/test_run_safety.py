@@ -40,6 +40,9 @@ def reference(demo_config_path, tmp_path_factory):
     result = run(config, site / "home", *WORKERS)
     assert result.returncode == 0, result.stdout[-4000:]
     assert "0 failed run(s), 0 failed check(s)" in result.stdout
+    with dg.DagsterInstance.from_config(str(site / "home")) as instance:
+        spans = sorted((record.start_time, record.end_time) for record in instance.get_run_records())
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), "two workers never overlapped"
     return config, snapshot(site / "vlm_data"), result
 
 

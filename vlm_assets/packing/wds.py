@@ -76,8 +76,11 @@ def write_shards(
     remove_stale_temp_files(directory)
     plan = _plan_shards(records, directory, maxcount, maxsize)
     for shard, samples in plan:
+        before = _identity(shard.path)
         _write_shard(shard.path, samples, on_sample)
-        (directory / (shard.path.name + ENERGON_INDEX_SUFFIX)).unlink(missing_ok=True)
+        if _identity(shard.path) != before:
+            # Energon's index of the old bytes is wrong for the new ones; an unchanged shard keeps it.
+            (directory / (shard.path.name + ENERGON_INDEX_SUFFIX)).unlink(missing_ok=True)
     written = {shard.path.name for shard, _ in plan}
     for path in list_shards(directory):
         if path.name not in written:
@@ -86,6 +89,14 @@ def write_shards(
         if orphan_index.name[: -len(ENERGON_INDEX_SUFFIX)] not in written:
             orphan_index.unlink()
     return [shard for shard, _ in plan]
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
 
 
 def _plan_shards(
