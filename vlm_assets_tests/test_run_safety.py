@@ -17,6 +17,7 @@ import dagster as dg
 import pytest
 
 from vlm_assets.config import load_config
+from vlm_assets.defs.automation.dead_runs import dead_runs_sensor
 from vlm_assets.locks import LOCK_DIR, file_lock
 from vlm_assets_tests.run_support import (
     differences,
@@ -73,15 +74,15 @@ def test_a_clean_run_elsewhere_gives_the_same_bytes_and_an_unchanged_rerun_does_
 
 
 @pytest.mark.parametrize(
-    ("asset", "partition", "prepare", "lock"),
+    ("asset", "partition", "prepare", "lock", "swept_by"),
     [
-        ("sample_lengths", "demo_images", "sample_catalog", "source-demo_images"),
-        ("packed_wds_shards", "demo_images", "packed_json", "source-demo_images"),
-        ("frame_cache_shard", "part-00000", "video_frame_plan", "frame_cache-384-64-part-00000"),
+        ("sample_lengths", "demo_images", "sample_catalog", "source-demo_images", "cli"),
+        ("packed_wds_shards", "demo_images", "packed_json", "source-demo_images", "cli"),
+        ("frame_cache_shard", "part-00000", "video_frame_plan", "frame_cache-384-64-part-00000", "sensor"),
     ],
 )
 def test_kill_9_in_a_step_then_a_rerun_on_the_same_instance_completes(
-    reference, demo_config_path, tmp_path, asset, partition, prepare, lock
+    reference, demo_config_path, tmp_path, asset, partition, prepare, lock, swept_by
 ):
     _, expected, _ = reference
     config = site_config(demo_config_path, tmp_path)
@@ -99,9 +100,15 @@ def test_kill_9_in_a_step_then_a_rerun_on_the_same_instance_completes(
         process.communicate(timeout=60)
         time.sleep(2.0)  # the worker notices its CLI is gone
         assert run_status(home, victim.run_id) == dg.DagsterRunStatus.STARTED  # dead, but nobody knows yet
+    if swept_by == "sensor":  # what the daemon does under `dagster dev`
+        with dg.DagsterInstance.from_config(str(home)) as instance, \
+                dg.build_sensor_context(instance=instance) as context:
+            assert "dead run(s) failed" in str(dead_runs_sensor(context))
+        assert run_status(home, victim.run_id) == dg.DagsterRunStatus.FAILURE
     rerun = run(config, home, *WORKERS, timeout=300)
     assert rerun.returncode == 0, rerun.stdout[-4000:]
-    assert f"run {victim.run_id}: its process is gone" in rerun.stdout
+    if swept_by == "cli":
+        assert f"run {victim.run_id}: its process is gone" in rerun.stdout
     assert run_status(home, victim.run_id) == dg.DagsterRunStatus.FAILURE
     assert differences(expected, snapshot(root)) == []
 
