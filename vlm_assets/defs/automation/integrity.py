@@ -2,68 +2,71 @@
 
 A Dagster job has one partitioning, so there is one job (and one 03:00 UTC schedule) per
 partitioning: unpartitioned, `sources`, `frame_cache_shards`; the schedules request one run per
-materialised partition. Checks computed inside their asset's step (`check_specs`) run on every
-materialisation and cannot run alone, so the jobs leave them out.
+materialised partition. The standalone checks are the `@dg.asset_check` definitions of the domains
+(their `Definitions(asset_checks=...)`); a per-partition check declares its `partitions_def`. Checks
+computed inside their asset's step (`check_specs`) run on every materialisation and cannot run
+alone, so they are not among them.
 """
 
 from __future__ import annotations
 
 import dagster as dg
 
+from vlm_assets.defs import catalog, frame_cache, package, packing
 from vlm_assets.defs.automation.sensors import LAUNCHED_BY_TAG
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS
 
 INTEGRITY_CRON = "0 3 * * *"
 PARTITION_TAG = "dagster/partition"
 PARTITIONINGS: tuple[dg.PartitionsDefinition | None, ...] = (None, SOURCES_PARTITIONS, FRAME_CACHE_SHARD_PARTITIONS)
+STANDALONE_CHECKS: tuple[dg.AssetChecksDefinition, ...] = tuple(
+    check for domain in (catalog, packing, frame_cache, package) for check in domain.defs.asset_checks or ()
+)
 
 
 def _partitioning_name(partitions_def: dg.PartitionsDefinition | None) -> str | None:
     return None if partitions_def is None else getattr(partitions_def, "name", None) or type(partitions_def).__name__
 
 
-class StandaloneChecks(dg.AssetSelection):
-    """Asset checks that run without materialising their asset, on assets of one partitioning."""
-
-    def __init__(self, partitioning: str | None) -> None:
-        self.partitioning = partitioning
-
-    def resolve_inner(self, asset_graph, allow_missing: bool) -> set[dg.AssetKey]:
-        return set()
-
-    def resolve_checks_inner(self, asset_graph, allow_missing: bool) -> set[dg.AssetCheckKey]:
-        return {
-            key for key in asset_graph.asset_check_keys
-            if asset_graph.get_execution_set_asset_and_check_keys(key) == {key}
-            and _partitioning_name(asset_graph.get(key.asset_key).partitions_def) == self.partitioning
-        }
-
-    def to_serializable_asset_selection(self, asset_graph) -> dg.AssetSelection:
-        return dg.AssetSelection.checks(*sorted(self.resolve_checks(asset_graph), key=lambda key: key.to_user_string()))
+def standalone_checks(partitioning: str | None) -> dict[dg.AssetCheckKey, dg.PartitionsDefinition | None]:
+    """The standalone checks of one partitioning (by name; None: unpartitioned), with their partitions."""
+    return {
+        spec.key: check.partitions_def
+        for check in STANDALONE_CHECKS
+        if _partitioning_name(check.partitions_def) == partitioning
+        for spec in check.check_specs
+    }
 
 
-def _materialised_partitions(instance: dg.DagsterInstance, graph, checks: set[dg.AssetCheckKey]) -> dict[str | None, list[dg.AssetCheckKey]]:
+def _materialised(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition: str) -> bool:
+    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[partition]), limit=1)
+    return bool(records.records)
+
+
+def _materialised_partitions(
+    instance: dg.DagsterInstance, checks: dict[dg.AssetCheckKey, dg.PartitionsDefinition | None]
+) -> dict[str | None, list[dg.AssetCheckKey]]:
     """Partition (None when unpartitioned) -> the checks whose asset has been materialised there."""
     by_partition: dict[str | None, list[dg.AssetCheckKey]] = {}
     for check_key in sorted(checks, key=lambda key: key.to_user_string()):
-        partitions_def = graph.get(check_key.asset_key).partitions_def
+        partitions_def = checks[check_key]
         if partitions_def is None:
             if instance.get_latest_materialization_event(check_key.asset_key) is not None:
                 by_partition.setdefault(None, []).append(check_key)
             continue
-        current = set(partitions_def.get_partition_keys(dynamic_partitions_store=instance))
-        for partition in sorted(instance.get_materialized_partitions(check_key.asset_key) & current):
-            by_partition.setdefault(partition, []).append(check_key)
+        for partition in sorted(partitions_def.get_partition_keys(dynamic_partitions_store=instance)):
+            if _materialised(instance, check_key.asset_key, partition):
+                by_partition.setdefault(partition, []).append(check_key)
     return by_partition
 
 
 def integrity_job_and_schedule(partitions_def: dg.PartitionsDefinition | None):
     partitioning = _partitioning_name(partitions_def)
     suffix = f"_{partitioning}" if partitioning else ""
-    selection = StandaloneChecks(partitioning)
+    checks = standalone_checks(partitioning)
     job = dg.define_asset_job(
         f"integrity_checks{suffix}",
-        selection=selection,
+        selection=dg.AssetSelection.checks(*sorted(checks, key=lambda key: key.to_user_string())),
         description=f"The standalone asset checks of the {partitioning or 'unpartitioned'} assets.",
     )
 
@@ -77,8 +80,7 @@ def integrity_job_and_schedule(partitions_def: dg.PartitionsDefinition | None):
         + (f"`{partitioning}` partition." if partitioning else "asset."),
     )
     def nightly(context: dg.ScheduleEvaluationContext):
-        graph = context.repository_def.asset_graph
-        groups = _materialised_partitions(context.instance, graph, selection.resolve_checks(graph))
+        groups = _materialised_partitions(context.instance, checks)
         if not groups:
             return dg.SkipReason("nothing materialised to check yet")
         night = context.scheduled_execution_time.strftime("%Y-%m-%d")
@@ -86,12 +88,12 @@ def integrity_job_and_schedule(partitions_def: dg.PartitionsDefinition | None):
             dg.RunRequest(
                 run_key=f"{job.name}-{night}-{partition or 'all'}",
                 asset_selection=[],
-                asset_check_keys=checks,
+                asset_check_keys=due,
                 # A checks-only job selects no asset to infer a partitioning from, so the partition
                 # travels as the run's partition tag, which the checks' contexts read.
                 tags={LAUNCHED_BY_TAG: f"nightly_integrity{suffix}", **({PARTITION_TAG: partition} if partition else {})},
             )
-            for partition, checks in groups.items()
+            for partition, due in groups.items()
         ]
 
     return job, nightly
