@@ -27,7 +27,7 @@ import yaml
 
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig
-from vlm_assets.defs.resources import ALIVE_TAG, FINGERPRINT_KEY, FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.defs.resources import ALIVE_TAG, FINGERPRINT_KEY, SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
 from vlm_assets.packing.wds import list_shards
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from vlm_assets.packing.energon import STAGING_PREFIX, load_all_ids, prepare_energon_dataset
+from vlm_assets.packing.energon import STAGING_PREFIX, prepare_energon_dataset
+from vlm_assets.packing.energon_loader import load_all_ids
 
 SHARDS = {"src_a": 3, "src_b": 2}  # source -> shard count
 PER_SHARD = 5
@@ -150,3 +151,17 @@ def test_a_failed_prepare_keeps_the_published_metadata_and_cleans_up(tmp_path):
     assert metadata_bytes(tmp_path) == reference
     assert staging_dirs(tmp_path) == []
     assert sorted(load_all_ids(tmp_path)) == sorted(ids)
+
+
+def test_the_file_names_we_spell_out_are_energons():
+    """The prepare module names Energon's files itself (importing Energon costs seconds); they must match."""
+    from megatron.energon import CrudeWebdataset
+    from megatron.energon.flavors.webdataset import config
+    from megatron.energon.flavors.webdataset.itar import ITAR_SUFFIX
+
+    from vlm_assets.packing import energon
+
+    assert (energon.MAIN_FOLDER_NAME, energon.INDEX_SQLITE_FILENAME, energon.INDEX_UUID_FILENAME,
+            energon.INFO_JSON_FILENAME, energon.SPLIT_YAML_FILENAME, energon.ITAR_SUFFIX, energon.DATASET_CLASS) == (
+        config.MAIN_FOLDER_NAME, config.INDEX_SQLITE_FILENAME, config.INDEX_UUID_FILENAME,
+        config.INFO_JSON_FILENAME, config.SPLIT_YAML_FILENAME, ITAR_SUFFIX, CrudeWebdataset.__name__)

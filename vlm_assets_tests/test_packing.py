@@ -26,7 +26,8 @@ from vlm_assets.defs.packing.checks import energon_loads_every_sample
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.layout import StorageLayout
 from vlm_assets.packing.binpack import best_fit_decreasing, first_fit_decreasing, lower_bound
-from vlm_assets.packing.energon import load_all_ids, prepare_energon_dataset
+from vlm_assets.packing.energon import prepare_energon_dataset
+from vlm_assets.packing.energon_loader import load_all_ids
 from vlm_assets.packing.plan import (
     CATEGORY_CATALOG,
     CATEGORY_MEDIA_KIND,

@@ -152,7 +152,7 @@ def test_concurrent_runs_on_one_storage_root_never_fail_and_write_the_same_bytes
 
 def test_readers_never_see_energon_metadata_being_rewritten(reference, demo_config_path, tmp_path):
     """Energon's loader, run over and over while forced runs re-prepare the metadata, always loads every sample."""
-    from vlm_assets.packing.energon import load_all_ids
+    from vlm_assets.packing.energon_loader import load_all_ids
 
     config = site_config(demo_config_path, tmp_path)
     home = tmp_path / "home"

@@ -29,37 +29,23 @@ import shutil
 import sqlite3
 import stat
 import uuid
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
-from megatron.energon import (
-    Cooker,
-    CrudeWebdataset,
-    DefaultTaskEncoder,
-    Sample,
-    WorkerConfig,
-    basic_sample_keys,
-    get_loader,
-    get_val_dataset,
-    reraise_exception,
-    stateless,
-)
-from megatron.energon.flavors import BaseWebdatasetFactory
-from megatron.energon.flavors.webdataset.config import (
-    INDEX_SQLITE_FILENAME,
-    INDEX_UUID_FILENAME,
-    INFO_JSON_FILENAME,
-    MAIN_FOLDER_NAME,
-    SPLIT_YAML_FILENAME,
-)
-from megatron.energon.flavors.webdataset.itar import ITAR_SUFFIX
 
 from vlm_assets.locks import local_writer_gone, parse_writer_tag, writer_tag
 
+# Energon's file names, spelled out so that importing this module does not import Energon (and
+# torch, seconds per process); vlm_assets_tests/test_energon_metadata.py checks them against Energon.
+MAIN_FOLDER_NAME = ".nv-meta"
+INDEX_SQLITE_FILENAME = "index.sqlite"
+INDEX_UUID_FILENAME = "index.uuid"
+INFO_JSON_FILENAME = ".info.json"
+SPLIT_YAML_FILENAME = "split.yaml"
+ITAR_SUFFIX = ".tar.idx"
+DATASET_CLASS = "CrudeWebdataset"
 SPLIT = "train"
 DATASET_YAML = "dataset.yaml"
 STAGING_PREFIX = f"{MAIN_FOLDER_NAME}.staging-"
@@ -94,6 +80,8 @@ def prepare_energon_dataset(root: Path, shards: list[Path], sample_type: str, wo
     """
     if not shards:
         raise ValueError(f"{root}: no packed shards to prepare (did every source reject all of its samples?)")
+    from megatron.energon.flavors import BaseWebdatasetFactory
+
     relative = [str(path.relative_to(root)) for path in sorted(shards)]
     _remove_stale_staging(root)
     staging = _make_staging(root)
@@ -110,7 +98,7 @@ def prepare_energon_dataset(root: Path, shards: list[Path], sample_type: str, wo
         _canonicalize_sqlite(meta_dir / INDEX_SQLITE_FILENAME)
         dataset_yaml = {
             "__module__": "megatron.energon",
-            "__class__": CrudeWebdataset.__name__,
+            "__class__": DATASET_CLASS,
             "subflavors": {"sample_type": sample_type},
         }
         (meta_dir / DATASET_YAML).write_text(yaml.safe_dump(dataset_yaml, sort_keys=False), encoding="utf-8")
@@ -265,64 +253,3 @@ def _renameat2() -> Callable[..., int] | None:
         function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
         function.restype = ctypes.c_int
     return function
-
-
-@dataclass
-class LoadedPackedSample(Sample):
-    """What the check's cooker makes of one crude sample: the record and its member names."""
-
-    record: dict
-    members: list[str]
-    sample_type: str
-
-
-@stateless
-def cook_packed_sample(raw: dict) -> LoadedPackedSample:
-    """Decode the record and insist every media member it names arrived with bytes."""
-    payload = raw["json"]
-    record: dict[str, Any] = payload if isinstance(payload, dict) else json.loads(payload)
-    present = {name for name in raw if not name.startswith("__")}
-    for names in record["media_files"]:
-        for name in names:
-            if name not in present:
-                raise ValueError(f"{raw['__key__']}: media member {name!r} missing (has {sorted(present)})")
-            value = raw[name]
-            if isinstance(value, (bytes, bytearray)) and not value:
-                raise ValueError(f"{raw['__key__']}: media member {name!r} is empty")
-    if record["id"] != raw["__key__"].rsplit("/", 1)[-1]:
-        raise ValueError(f"{raw['__key__']}: record id {record['id']!r} does not match the tar key")
-    return LoadedPackedSample(
-        **basic_sample_keys(raw),
-        record=record,
-        members=sorted(present),
-        sample_type=raw["__subflavors__"].get("sample_type", ""),
-    )
-
-
-class _CheckEncoder(DefaultTaskEncoder):
-    cookers = [Cooker(cook_packed_sample)]
-
-    def batch(self, samples: list[LoadedPackedSample]) -> list[LoadedPackedSample]:
-        return samples
-
-
-def load_all_ids(root: Path) -> list[str]:
-    """Load every sample of the prepared dataset through Energon; errors propagate.
-
-    Returns the record ids in load order (one pass, no shuffling, no repeats).
-    """
-    worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0, global_error_handler=reraise_exception)
-    dataset = get_val_dataset(
-        root,
-        split_part=SPLIT,
-        worker_config=worker_config,
-        batch_size=1,
-        task_encoder=_CheckEncoder(),
-    )
-    ids: list[str] = []
-    with warnings.catch_warnings():
-        # Energon always asks torch for pinned memory; on a CPU-only check that is a no-op, not news.
-        warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true but no accelerator")
-        for batch in get_loader(dataset):
-            ids.extend(sample.record["id"] for sample in batch)
-    return ids

@@ -9,10 +9,13 @@ import pandas as pd
 
 from vlm_assets.config import AppConfig
 from vlm_assets.defs.resources import VlmConfig
-from vlm_assets.packing.energon import load_all_ids
 from vlm_assets.packing.plan import fill_ratio, read_bins
 from vlm_assets.packing.records import record_id
-from vlm_assets.packing.verify import accounting_problems, oversized_bins, shard_problems
+from vlm_assets.packing.verify import (
+    accounting_problems,
+    oversized_bins,
+    shard_problems,
+)
 
 PACKING_BINS_CHECKS = [
     dg.AssetCheckSpec("every_sample_accounted_for", asset="packing_bins", blocking=True,
@@ -70,6 +73,10 @@ def shard_members_result(shards: list[Path], jsonl_path: Path) -> dg.AssetCheckR
     description="Load every sample through Energon's loader (stateless cooker, errors re-raised); ids must equal the bins'.",
 )
 def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig) -> dg.AssetCheckResult:
+    from vlm_assets.packing.energon_loader import (
+        load_all_ids,  # imports torch: only when the check runs
+    )
+
     layout = vlm_config.layout
     sources = [source.name for source in vlm_config.sources()]
     # Shared with other readers; excludes shard writers and a re-prepare while Energon reads.
