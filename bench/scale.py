@@ -1,0 +1,439 @@
+"""How `vlm-assets run` scales: 1 vs 2 workers, and the graph's CPU per video vs decode-only.
+
+    .venv/bin/python bench/scale.py [--videos 60] [--images 12000] [--repeats 2] [--quick]
+
+Inputs are generated once with fixed seeds and cached under bench/out/scale/ (reruns reuse them):
+--videos short H.264 and MPEG-4 clips (320–640 px, 3–5 s, moving texture) as one jsonl source,
+and --images small JPEG/PNG images with one- or two-turn conversations as another.
+
+1. Workers. For each target the real CLI
+   (`python -m vlm_assets.cli run --config CFG --workers N --force --select ASSET`) runs
+   --repeats times with 1 and with 2 workers, alternating, each on a fresh DAGSTER_HOME and
+   storage root over the same inputs:
+     frame cache   the video source, --select frame_cache_index (2 videos per shard: many shards)
+     images        the image source, --select packed_wds_shards
+   Prints the median wall time, the speed-up, the serial fraction it implies by Amdahl's law
+   (s = 2/speed-up − 1), and where the time goes: seconds inside each asset's runs, read from
+   the run records of the Dagster instance, and the rest (start-up, scheduling) outside any run.
+   Other processes on the machine take cores from the second worker, so each run also reports
+   the cores it used and those everything else used meanwhile (busy time in /proc/stat).
+2. CPU per video. User+sys time of the CLI and all its children (getrusage(RUSAGE_CHILDREN)
+   deltas around the subprocess) in the one-worker frame-cache runs, over the number of videos,
+   vs decoding every frame of every video with PyAV in this process (the decoder set up as the
+   shard builder sets it up, no resize or encode), and vs the shard builder alone in this process
+   (build_shard: decode, resize, mosaic, JPEG, tar; no Dagster). The fixed start-up is reported separately:
+   a run on the just-built, up-to-date instance (no --force: imports, definitions, instance,
+   up-to-date checks; no worker is started) plus one worker's start-up (a process that builds
+   the definitions as a worker does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vlm_assets.config import FrameCacheConfig  # noqa: E402
+from vlm_assets.frames.decode import opened_video  # noqa: E402
+from vlm_assets.frames.plan import extend_plan, shard_members  # noqa: E402
+from vlm_assets.frames.shard import build_shard  # noqa: E402
+
+PYTHON = sys.executable
+# Bump when the generators below change, so cached inputs made by older code are not reused.
+OUT = ROOT / "bench" / "out" / "scale" / "v1"
+# The production frame-cache settings, with small shards so the shard runs are many and parallel.
+VIDEOS_PER_SHARD = 2
+FRAME_CACHE = FrameCacheConfig(num_frames=64, frame_size=384, rows=4, cols=16, jpeg_quality=95,
+                               videos_per_shard=VIDEOS_PER_SHARD)
+TARGET_SPEEDUP = 1.8  # 2 workers on 2 cores
+TARGET_CPU_RATIO = 1.5
+# Below this a one-worker run is dominated by fixed start-up, which says little about scaling.
+MIN_ONE_WORKER_S = 60
+CLIP_SIZES = [(320, 240), (480, 272), (640, 360)]
+QUESTIONS = [
+    ("What is shown here?", "A coloured pattern of blocks."),
+    ("Describe the image briefly.", "Rectangles of noise in several colours."),
+    ("Is there a person in the picture?", "No, only abstract shapes are visible."),
+    ("Which colour stands out?", "A saturated tone stands out against darker blocks."),
+    ("What happens in the clip?", "A textured pattern drifts diagonally while its colour shifts."),
+]
+
+CONFIG_TEMPLATE = """\
+storage: {{root: ./vlm_data}}
+sources:
+  - {{name: {name}, kind: jsonl, path: {path}, media_root: {media_root}}}
+model:
+  processor: embedded
+  processor_kwargs: {{min_pixels: 3136, max_pixels: 1003520}}
+sample: {{sample_type: packed_multi_mix_qa, max_token_len: 8192, text_key: messages}}
+packing: {{algorithm: best_fit_decreasing, min_fill_ratio: 0.2}}
+wds: {{maxcount: 256, maxsize: 50000000}}
+frame_cache: {{num_frames: {fc.num_frames}, frame_size: {fc.frame_size}, rows: {fc.rows}, cols: {fc.cols}, \
+jpeg_quality: {fc.jpeg_quality}, videos_per_shard: {fc.videos_per_shard}}}
+"""
+
+
+# -- inputs: generated once, deterministic, cached ----------------------------------------------
+
+def _publish(path: Path, write: Callable[[Path], None]) -> None:
+    """Write via a temporary name, so an interrupted generation never leaves a file that looks done."""
+    temporary = path.with_name(path.stem + ".partial" + path.suffix)
+    write(temporary)
+    temporary.rename(path)
+
+
+def generate_clip(path: Path, index: int) -> None:
+    rng = np.random.default_rng(index)
+    width, height = CLIP_SIZES[index % len(CLIP_SIZES)]
+    codec = "libx264" if index % 2 == 0 else "mpeg4"
+    fps = int(rng.choice([24, 30]))
+    frames = int(rng.integers(3, 6)) * fps
+    # A coarse texture that moves and changes colour, so inter frames carry real motion.
+    texture = rng.integers(0, 256, (height // 8, width // 8, 3), dtype=np.uint8).repeat(8, 0).repeat(8, 1)
+
+    def write(target: Path) -> None:
+        with av.open(str(target), mode="w", format="mp4") as container:
+            stream = container.add_stream(codec, rate=Fraction(fps, 1))
+            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+            # One encoder thread: the bytes then do not depend on the machine.
+            stream.codec_context.thread_count = 1
+            for frame_index in range(frames):
+                image = np.roll(texture, (frame_index * 3, frame_index * 5), axis=(0, 1))
+                image[:, :, 0] = (image[:, :, 0].astype(np.uint16) + frame_index * 2).astype(np.uint8)
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
+            container.mux(stream.encode(None))
+
+    _publish(path, write)
+
+
+def generate_image(path: Path, index: int) -> None:
+    rng = np.random.default_rng(1_000_000 + index)
+    width, height = (int(side) for side in rng.integers(48, 320, 2))
+    block = int(rng.choice([4, 8, 16]))
+    pixels = rng.integers(0, 256, (height // block + 1, width // block + 1, 3), dtype=np.uint8)
+    pixels = pixels.repeat(block, 0).repeat(block, 1)[:height, :width]
+    image = Image.fromarray(pixels, "RGB")
+    _publish(path, lambda target: image.save(target, "PNG" if path.suffix == ".png" else "JPEG", quality=90))
+
+
+def conversation(rng: random.Random, placeholder: str) -> list[dict[str, str]]:
+    messages = []
+    for turn in range(rng.choice([1, 1, 2])):
+        question, answer = rng.choice(QUESTIONS)
+        messages.append({"role": "user", "content": (placeholder if turn == 0 else "") + question})
+        messages.append({"role": "assistant", "content": answer})
+    return messages
+
+
+def clip_name(index: int) -> str:
+    return f"clip_{index:04d}.mp4"
+
+
+def write_source(directory: Path, count: int, kind: str) -> Path:
+    """`count` media files (made only if missing) and a jsonl manifest of one sample per file."""
+    media = directory / "media"
+    media.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(kind)
+    lines = []
+    for index in range(count):
+        if kind == "videos":
+            name = clip_name(index)
+            if not (media / name).exists():
+                generate_clip(media / name, index)
+            record = {"id": f"v{index:04d}", "messages": conversation(rng, "<video>"), "videos": [name]}
+        else:
+            name = f"img_{index:06d}.{'png' if index % 3 == 0 else 'jpg'}"
+            if not (media / name).exists():
+                generate_image(media / name, index)
+            record = {"id": f"i{index:06d}", "messages": conversation(rng, "<image>"), "images": [name]}
+        lines.append(json.dumps(record))
+    manifest = directory / f"{kind}_{count}.jsonl"
+    manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return manifest
+
+
+# -- one CLI run, measured -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    source: str  # name of the configured source
+    manifest: Path
+    select: str
+    inputs: str  # what the source holds, for the tables
+
+
+@dataclass
+class Measured:
+    wall: float
+    cpu: float  # user+sys of the CLI and its children
+    others: float  # cores the rest of the machine kept busy meanwhile, on average
+    runs: dict[str, int] = field(default_factory=dict)  # asset -> Dagster runs (one per partition)
+    in_runs: dict[str, float] = field(default_factory=dict)  # asset -> seconds inside those runs, summed
+    outside_runs: float = 0.0  # wall time during which no run was executing
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def machine_busy_cpu() -> float:
+    """CPU seconds all processes have used since boot (every state but idle and iowait)."""
+    ticks = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = ticks[3] + ticks[4]
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def clean_env(home: Path) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("VLM_ASSETS_CONFIG", "VLM_ASSETS_PG_HOST")}  # PostgreSQL would share one instance
+    env["DAGSTER_HOME"] = str(home)
+    return env
+
+
+def fresh_workdir(target: Target, name: str) -> Path:
+    workdir = OUT / "runs" / name
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    (workdir / "vlm_assets.yaml").write_text(CONFIG_TEMPLATE.format(
+        name=target.source, path=target.manifest, media_root=target.manifest.parent / "media",
+        fc=FRAME_CACHE), encoding="utf-8")
+    return workdir
+
+
+def run_cli(workdir: Path, target: Target, workers: int, force: bool, log_name: str) -> Measured:
+    command = [PYTHON, "-m", "vlm_assets.cli", "run", "--config", str(workdir / "vlm_assets.yaml"),
+               "--workers", str(workers), "--select", target.select] + (["--force"] if force else [])
+    log = OUT / "logs" / f"{log_name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cpu_before, busy_before, started = children_cpu(), machine_busy_cpu(), time.perf_counter()
+    with open(log, "w", encoding="utf-8") as handle:
+        result = subprocess.run(command, cwd=ROOT, env=clean_env(workdir / "dagster_home"),
+                                stdout=handle, stderr=subprocess.STDOUT)
+    wall, cpu = time.perf_counter() - started, children_cpu() - cpu_before
+    others = max(0.0, machine_busy_cpu() - busy_before - cpu) / wall
+    if result.returncode != 0:
+        tail = log.read_text(encoding="utf-8").splitlines()[-15:]
+        raise SystemExit(f"{' '.join(command)} exited {result.returncode}; log {log}:\n" + "\n".join(tail))
+    return Measured(wall, cpu, others)
+
+
+def attribute_time(home: Path, measured: Measured, since: float) -> None:
+    """Seconds inside each asset's runs, and the wall time covered by no run (start-up, scheduling)."""
+    import dagster as dg
+
+    from vlm_assets.runner import ASSET_TAG
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        records = [record for record in instance.get_run_records() if record.start_time and record.end_time]
+    intervals = []
+    for record in records:
+        asset = record.dagster_run.tags.get(ASSET_TAG, "?")
+        measured.runs[asset] = measured.runs.get(asset, 0) + 1
+        measured.in_runs[asset] = measured.in_runs.get(asset, 0.0) + record.end_time - record.start_time
+        intervals.append((record.start_time, record.end_time))
+    covered, reach = 0.0, since
+    for start, end in sorted(intervals):
+        covered += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    measured.outside_runs = measured.wall - covered
+
+
+def worker_startup_cpu(workdir: Path) -> float:
+    """CPU of a process that imports and builds the definitions, as each worker does once."""
+    code = "import sys; from vlm_assets.definitions import build_definitions; build_definitions(sys.argv[1])"
+    before = children_cpu()
+    subprocess.run([PYTHON, "-c", code, str(workdir / "vlm_assets.yaml")], cwd=ROOT,
+                   env=clean_env(workdir / "dagster_home"), check=True)
+    return children_cpu() - before
+
+
+def decode_only_cpu(videos: list[Path]) -> float:
+    """CPU seconds to decode every frame of every video, with the shard builder's decoder settings."""
+    started = time.process_time()
+    for path in videos:
+        with opened_video(str(path)) as (container, stream):
+            for _ in container.decode(stream):
+                pass
+    return time.process_time() - started
+
+
+def shard_builder_cpu(clips: list[Path], scratch: Path) -> float:
+    """CPU seconds of the shard builder alone over every clip (probing, done by the plan, excluded)."""
+    plan, _ = extend_plan([], [(f"bench/{index}", str(path)) for index, path in enumerate(clips)], FRAME_CACHE)
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    started = time.process_time()
+    for shard, members in shard_members(plan).items():
+        build_shard(scratch, shard, members, FRAME_CACHE)
+    cpu = time.process_time() - started
+    shutil.rmtree(scratch)
+    return cpu
+
+
+# -- the comparisons -------------------------------------------------------------------------------
+
+def median_of(runs: list[Measured], attribute: str) -> float:
+    return statistics.median(getattr(run, attribute) for run in runs)
+
+
+def mean_in_runs(runs: list[Measured]) -> dict[str, float]:
+    assets = sorted({asset for run in runs for asset in run.in_runs})
+    means = {asset: statistics.fmean(run.in_runs.get(asset, 0.0) for run in runs) for asset in assets}
+    means["(outside any run)"] = statistics.fmean(run.outside_runs for run in runs)
+    return means
+
+
+def compare_workers(target: Target, repeats: int,
+                    on_one_worker_home: Callable[[Path, int], None] | None = None) -> dict[int, list[Measured]]:
+    """Alternate 1 and 2 workers so load from other processes drifts over both alike.
+
+    `on_one_worker_home(workdir, repeat)` is called after each one-worker run, before its
+    instance and storage are removed.
+    """
+    runs: dict[int, list[Measured]] = {1: [], 2: []}
+    for repeat in range(repeats):
+        for workers in (1, 2):
+            name = f"{target.source}-w{workers}-{repeat}"
+            workdir = fresh_workdir(target, name)
+            since = time.time()
+            measured = run_cli(workdir, target, workers, force=True, log_name=name)
+            attribute_time(workdir / "dagster_home", measured, since)
+            runs[workers].append(measured)
+            print(f"  {target.label}: {workers} worker(s) run {repeat + 1}/{repeats}: {measured.wall:7.1f} s wall, "
+                  f"{measured.cpu:7.1f} s CPU = {measured.cpu / measured.wall:.2f} cores; "
+                  f"other processes {measured.others:.2f} cores", flush=True)
+            if workers == 1 and on_one_worker_home is not None:
+                on_one_worker_home(workdir, repeat)
+            shutil.rmtree(workdir)
+    return runs
+
+
+def print_breakdown(target: Target, runs: dict[int, list[Measured]]) -> None:
+    one, two = mean_in_runs(runs[1]), mean_in_runs(runs[2])
+    counts = runs[1][0].runs
+    print(f"\n  {target.label}: seconds inside each asset's runs, summed over its runs (mean over repeats; "
+          "with 2 workers runs overlap)")
+    print(f"  {'asset':<22}{'runs':>5}{'1 worker':>10}{'2 workers':>11}")
+    for asset in sorted(one, key=lambda name: (name.startswith("("), -one[name])):
+        count = str(counts.get(asset, ""))
+        print(f"  {asset:<22}{count:>5}{one[asset]:>10.1f}{two.get(asset, 0.0):>11.1f}")
+    print(flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--videos", type=int, default=60, help="generated clips in the video source")
+    parser.add_argument("--images", type=int, default=12000, help="generated images in the image source")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per worker count; the median is reported")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 6 videos, 300 images, 1 repeat")
+    args = parser.parse_args()
+    if args.quick:
+        args.videos, args.images, args.repeats = 6, 300, 1
+
+    load_before = os.getloadavg()[0]
+    print(f"generating inputs under {OUT} (kept for reruns) …", flush=True)
+    started = time.perf_counter()
+    video_manifest = write_source(OUT / "videos", args.videos, "videos")
+    image_manifest = write_source(OUT / "images", args.images, "images")
+    print(f"  ready in {time.perf_counter() - started:.1f} s: {args.videos} clips, {args.images} images; "
+          f"{os.cpu_count()} cores, load average {load_before:.2f}\n", flush=True)
+    video_target = Target("frame cache", "scale_videos", video_manifest, "frame_cache_index", f"{args.videos} videos")
+    image_target = Target("images", "scale_images", image_manifest, "packed_wds_shards", f"{args.images} images")
+
+    # Decode-only first: it also brings the clips into the page cache before any CLI run reads them.
+    clips = [OUT / "videos" / "media" / clip_name(index) for index in range(args.videos)]
+    decode = statistics.median(decode_only_cpu(clips) for _ in range(max(args.repeats, 2))) / args.videos
+    print(f"decode-only (every frame, PyAV, in-process): {decode * 1000:.1f} ms CPU per video", flush=True)
+    builder = statistics.median(shard_builder_cpu(clips, OUT / "runs" / "shard_builder")
+                                for _ in range(max(args.repeats, 2))) / args.videos
+    print(f"shard builder alone (build_shard, in-process): {builder * 1000:.1f} ms CPU per video\n", flush=True)
+
+    up_to_date: list[Measured] = []
+    worker_start: list[float] = []
+
+    def measure_startup(workdir: Path, repeat: int) -> None:
+        log_name = f"{video_target.source}-up-to-date-{repeat}"
+        up_to_date.append(run_cli(workdir, video_target, 1, force=False, log_name=log_name))
+        last_line = (OUT / "logs" / f"{log_name}.log").read_text(encoding="utf-8").splitlines()[-1]
+        if not last_line.startswith("0 run(s)"):
+            raise SystemExit(f"the start-up run was meant to find everything up to date, but: {last_line}")
+        worker_start.append(worker_startup_cpu(workdir))
+
+    print("1. workers (fresh DAGSTER_HOME and storage root per run, --force)", flush=True)
+    results = {}
+    for target, hook in ((video_target, measure_startup), (image_target, None)):
+        results[target.label] = compare_workers(target, args.repeats, hook)
+        print_breakdown(target, results[target.label])
+
+    rows = []
+    for target in (video_target, image_target):
+        runs = results[target.label]
+        one, two = median_of(runs[1], "wall"), median_of(runs[2], "wall")
+        speedup = one / two
+        others = (median_of(runs[1], "others"), median_of(runs[2], "others"))
+        rows.append((target, one, two, speedup, 2 / speedup - 1, others))
+        if one < MIN_ONE_WORKER_S and not args.quick:
+            print(f"note: {target.label} took {one:.0f} s with one worker (< {MIN_ONE_WORKER_S} s); "
+                  "raise --videos / --images for a fairer speed-up\n")
+
+    graph_cpu = median_of(results[video_target.label][1], "cpu")
+    cli_start_wall, cli_start_cpu = median_of(up_to_date, "wall"), median_of(up_to_date, "cpu")
+    worker_cpu = statistics.median(worker_start)
+    fixed = cli_start_cpu + worker_cpu
+    per_video = graph_cpu / args.videos
+    per_video_net = (graph_cpu - fixed) / args.videos
+    load_after = os.getloadavg()[0]
+
+    print("2. CPU per video (1 worker, --force, fresh instance)")
+    print(f"  whole graph: {graph_cpu:.1f} s CPU for {args.videos} videos = {per_video * 1000:.0f} ms/video")
+    print(f"  fixed start-up: CLI on an up-to-date instance {cli_start_wall:.1f} s wall / {cli_start_cpu:.1f} s CPU, "
+          f"one worker {worker_cpu:.1f} s CPU")
+    print(f"  net of start-up: {per_video_net * 1000:.0f} ms/video; decode-only {decode * 1000:.0f} ms/video")
+    print(f"  load average {load_before:.2f} before, {load_after:.2f} after\n")
+
+    print("## Summary\n")
+    print(f"{args.repeats} run(s) per cell, medians; {os.cpu_count()} cores.\n")
+    print("| target | select | 1 worker (s) | 2 workers (s) | speed-up | serial fraction | target "
+          "| cores used by other processes (1 / 2 workers) |")
+    print("|---|---|---:|---:|---:|---:|---|---|")
+    for target, one, two, speedup, serial, others in rows:
+        verdict = "met" if speedup >= TARGET_SPEEDUP else "missed"
+        # Below 1× the second worker adds cost; Amdahl's law has no serial fraction for that.
+        serial_text = f"{serial:.2f}" if speedup >= 1 else "n/a (slower)"
+        print(f"| {target.label} ({target.inputs}) | "
+              f"`{target.select}` | {one:.1f} | {two:.1f} | {speedup:.2f}× | {serial_text} | "
+              f"≥ {TARGET_SPEEDUP:.1f}×: {verdict} | {others[0]:.2f} / {others[1]:.2f} |")
+    print("\n| CPU per video | ms | vs decode-only | target |")
+    print("|---|---:|---:|---|")
+    ratio, ratio_net = per_video / decode, per_video_net / decode
+    print(f"| decode-only, every frame | {decode * 1000:.0f} | 1.00× | |")
+    print(f"| shard builder alone, in-process | {builder * 1000:.0f} | {builder / decode:.2f}× | |")
+    print(f"| whole graph, CLI with 1 worker | {per_video * 1000:.0f} | {ratio:.2f}× | "
+          f"≤ {TARGET_CPU_RATIO}×: {'met' if ratio <= TARGET_CPU_RATIO else 'missed'} |")
+    print(f"| whole graph, net of fixed start-up ({fixed:.1f} s) | {per_video_net * 1000:.0f} | {ratio_net:.2f}× | "
+          f"≤ {TARGET_CPU_RATIO}×: {'met' if ratio_net <= TARGET_CPU_RATIO else 'missed'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
