@@ -253,6 +253,10 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
         elif event.event_type_value == "STEP_FAILURE" and not outcome.failure:
             outcome.failure = root_cause(event.event_specific_data.error)
     if not result.success:
+        if executor == "celery" and not outcome.failure:
+            from vlm_assets.scale_out.executor import worker_failure
+
+            outcome.failure = worker_failure(result.all_events)
         outcome.failure = outcome.failure or "the run failed (see its log)"
         outcome.log_path = str(write_run_log(instance, result.run_id, Path(log_dir)))
     return outcome
@@ -427,6 +431,7 @@ def run_graph(
     summary = RunSummary()
     from vlm_assets.defs.automation.dead_runs import fail_dead_runs
 
+    process_token(app.storage_root)  # a storage root we cannot write to fails here, in one line, before any run
     summary.dead_runs_failed = fail_dead_runs(instance)
     for run_id in summary.dead_runs_failed:
         echo(f"run {run_id}: its process is gone (killed?); marked failed and its pool slots freed")
@@ -466,6 +471,8 @@ def run_graph(
                     outcome = future.result()
                 except concurrent.futures.process.BrokenProcessPool:
                     outcome = TaskOutcome(*node, failure="the worker process running it died (killed or out of memory)")
+                except OSError as error:  # before its run started, e.g. the storage root turned read-only
+                    outcome = TaskOutcome(*node, failure=f"{error.strerror or error}: {error.filename}")
                 scheduler.state[node] = "done" if outcome.success and not outcome.failed_checks else "failed"
                 _report(outcome, summary, echo)
         summary.interrupted = stop.requested
