@@ -213,3 +213,22 @@ def test_a_storage_root_that_is_a_file_is_a_config_error(demo_config_path, tmp_p
     result = run(config, tmp_path / "home")
     assert result.returncode == 2
     assert f"storage.root is not a directory: {site / 'vlm_data'}" in result.stdout
+
+
+def test_a_read_only_storage_root_is_named_in_one_line(demo_config_path, tmp_path):
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True) \
+        if shutil.which("unshare") else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("needs unshare to mount a read-only bind mount")
+    site = tmp_path / "site"
+    config = site_config(demo_config_path, site)
+    root = site / "vlm_data"
+    root.mkdir()
+    cli = [sys.executable, "-m", "vlm_assets.cli", "run", "--config", str(config), "--workers", "1"]
+    command = (f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && "
+               f"exec {subprocess.list2cmdline(cli)}")
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", command],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home")})
+    assert result.returncode == 1
+    assert f"error: Read-only file system: {root / '.locks'}" in result.stderr
