@@ -7,7 +7,7 @@ surfaces later as a confusing failure deep inside a run.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,12 @@ import yaml
 CONFIG_ENV_VAR = "VLM_ASSETS_CONFIG"
 SOURCE_KINDS = ("flat_dir", "jsonl", "wds")
 SAMPLE_TYPES = ("packed_captioning", "packed_vqa", "packed_multi_mix_qa")
+# `packing.algorithm` is accepted for existing configs; best-fit decreasing is the only algorithm.
 PACKING_ALGORITHMS = ("best_fit_decreasing",)
-COMPRESSIONS = ("gzip", "zstd")
+COMPRESSIONS = ("gzip", "zstd")  # implemented by vlm_assets.package.compression
 PACKAGE_PARTS = ("packed_wds", "frame_cache")
+DEFAULT_STORAGE_ROOT = "./vlm_data"
+DEFAULT_INBOX = "./vlm_inbox"
 
 
 class ConfigError(ValueError):
@@ -35,7 +38,7 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model_type: str = "qwen2_vl"
+    # `model.model_type` is accepted in the file but informational: the processor decides the model.
     processor: str = "embedded"
     processor_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -49,7 +52,6 @@ class SampleConfig:
 
 @dataclass(frozen=True)
 class PackingConfig:
-    algorithm: str = "best_fit_decreasing"
     min_fill_ratio: float = 0.9
 
 
@@ -73,7 +75,7 @@ class FrameCacheConfig:
 class PackageConfig:
     name: str = "run"
     compress: str = "zstd"
-    include: tuple[str, ...] = ("packed_wds", "frame_cache")
+    include: tuple[str, ...] = PACKAGE_PARTS
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     train_command: str = ""
 
@@ -171,6 +173,13 @@ class _Reader:
         return path if path.is_absolute() else (self.path.parent / path).resolve()
 
 
+def package_name_problem(name: Any) -> str | None:
+    """Why `name` cannot name a package file (`package.name`, a recipe's `name`); None if it can."""
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        return f"must be a plain file name (no '/', not starting with '.'), got {name!r}"
+    return None
+
+
 def default_config_path() -> str:
     """$VLM_ASSETS_CONFIG, else ./vlm_assets.yaml, else the demo's ./demo/vlm_assets.yaml."""
     if os.environ.get(CONFIG_ENV_VAR):
@@ -207,52 +216,53 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
     for name, data in sections.items():
         reader.no_unknown(data, _SECTION_KEYS[name], name)
 
-    storage_root = reader.resolve(reader.string(sections["storage"], "root", "storage", "./vlm_data"))
+    storage_root = reader.resolve(reader.string(sections["storage"], "root", "storage", DEFAULT_STORAGE_ROOT))
     _check_storage_root(reader, storage_root)
-    inbox_raw = top.get("inbox", "./vlm_inbox")
+    inbox_raw = top.get("inbox", DEFAULT_INBOX)
     if not isinstance(inbox_raw, str) or not inbox_raw:
         raise reader.fail("inbox", f"expected a path, got {inbox_raw!r}")
     ready_marker = top.get("inbox_require_ready_marker", False)
     if not isinstance(ready_marker, bool):
         raise reader.fail("inbox_require_ready_marker", f"expected true or false, got {ready_marker!r}")
 
+    # Defaults are the dataclasses' own (e.g. SampleConfig.max_token_len), written only there.
     model_data = sections["model"]
-    processor_kwargs = reader.mapping(model_data.get("processor_kwargs"), "model.processor_kwargs")
+    if "model_type" in model_data:  # informational (docs/formats.md §1), still type-checked
+        reader.string(model_data, "model_type", "model")
     model = ModelConfig(
-        model_type=reader.string(model_data, "model_type", "model", "qwen2_vl"),
-        processor=reader.string(model_data, "processor", "model", "embedded"),
-        processor_kwargs=dict(processor_kwargs),
+        processor=reader.string(model_data, "processor", "model", ModelConfig.processor),
+        processor_kwargs=dict(reader.mapping(model_data.get("processor_kwargs"), "model.processor_kwargs")),
     )
     if model.processor != "embedded":
         processor_dir = reader.resolve(model.processor)
         if not processor_dir.is_dir():
             raise reader.fail("model.processor", f"'embedded' or a local HF processor directory; {processor_dir} does not exist")
-        model = ModelConfig(model.model_type, str(processor_dir), model.processor_kwargs)
+        model = replace(model, processor=str(processor_dir))
 
     sample_data = sections["sample"]
     sample = SampleConfig(
-        sample_type=reader.choice(sample_data, "sample_type", "sample", "packed_multi_mix_qa", SAMPLE_TYPES),
-        max_token_len=reader.integer(sample_data, "max_token_len", "sample", 8192, minimum=16),
-        text_key=reader.string(sample_data, "text_key", "sample", "messages"),
+        sample_type=reader.choice(sample_data, "sample_type", "sample", SampleConfig.sample_type, SAMPLE_TYPES),
+        max_token_len=reader.integer(sample_data, "max_token_len", "sample", SampleConfig.max_token_len, minimum=16),
+        text_key=reader.string(sample_data, "text_key", "sample", SampleConfig.text_key),
     )
     packing_data = sections["packing"]
+    reader.choice(packing_data, "algorithm", "packing", PACKING_ALGORITHMS[0], PACKING_ALGORITHMS)
     packing = PackingConfig(
-        algorithm=reader.choice(packing_data, "algorithm", "packing", "best_fit_decreasing", PACKING_ALGORITHMS),
-        min_fill_ratio=reader.number(packing_data, "min_fill_ratio", "packing", 0.9),
+        min_fill_ratio=reader.number(packing_data, "min_fill_ratio", "packing", PackingConfig.min_fill_ratio),
     )
     wds_data = sections["wds"]
     wds = WdsConfig(
-        maxcount=reader.integer(wds_data, "maxcount", "wds", 10000),
-        maxsize=reader.integer(wds_data, "maxsize", "wds", 1_000_000_000, minimum=1024),
+        maxcount=reader.integer(wds_data, "maxcount", "wds", WdsConfig.maxcount),
+        maxsize=reader.integer(wds_data, "maxsize", "wds", WdsConfig.maxsize, minimum=1024),
     )
     frame_data = sections["frame_cache"]
     frame_cache = FrameCacheConfig(
-        num_frames=reader.integer(frame_data, "num_frames", "frame_cache", 64),
-        frame_size=reader.integer(frame_data, "frame_size", "frame_cache", 384, minimum=28),
-        rows=reader.integer(frame_data, "rows", "frame_cache", 4),
-        cols=reader.integer(frame_data, "cols", "frame_cache", 16),
-        jpeg_quality=reader.integer(frame_data, "jpeg_quality", "frame_cache", 95),
-        videos_per_shard=reader.integer(frame_data, "videos_per_shard", "frame_cache", 256),
+        num_frames=reader.integer(frame_data, "num_frames", "frame_cache", FrameCacheConfig.num_frames),
+        frame_size=reader.integer(frame_data, "frame_size", "frame_cache", FrameCacheConfig.frame_size, minimum=28),
+        rows=reader.integer(frame_data, "rows", "frame_cache", FrameCacheConfig.rows),
+        cols=reader.integer(frame_data, "cols", "frame_cache", FrameCacheConfig.cols),
+        jpeg_quality=reader.integer(frame_data, "jpeg_quality", "frame_cache", FrameCacheConfig.jpeg_quality),
+        videos_per_shard=reader.integer(frame_data, "videos_per_shard", "frame_cache", FrameCacheConfig.videos_per_shard),
     )
     if frame_cache.rows * frame_cache.cols != frame_cache.num_frames:
         raise reader.fail(
@@ -263,18 +273,19 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
         raise reader.fail("frame_cache.jpeg_quality", f"must be <= 100, got {frame_cache.jpeg_quality}")
 
     package_data = sections["package"]
-    include = package_data.get("include", list(PACKAGE_PARTS))
+    include = package_data.get("include", list(PackageConfig.include))
     if not isinstance(include, list) or any(part not in PACKAGE_PARTS for part in include):
         raise reader.fail("package.include", f"expected a list drawn from {', '.join(PACKAGE_PARTS)}; got {include!r}")
     package = PackageConfig(
-        name=reader.string(package_data, "name", "package", "run"),
-        compress=reader.choice(package_data, "compress", "package", "zstd", COMPRESSIONS),
+        name=reader.string(package_data, "name", "package", PackageConfig.name),
+        compress=reader.choice(package_data, "compress", "package", PackageConfig.compress, COMPRESSIONS),
         include=tuple(include),
         hyperparameters=dict(reader.mapping(package_data.get("hyperparameters"), "package.hyperparameters")),
-        train_command=reader.string(package_data, "train_command", "package", ""),
+        train_command=reader.string(package_data, "train_command", "package", PackageConfig.train_command),
     )
-    if "/" in package.name or package.name.startswith("."):
-        raise reader.fail("package.name", f"must be a plain file name, got {package.name!r}")
+    problem = package_name_problem(package.name)
+    if problem:
+        raise reader.fail("package.name", problem)
 
     return AppConfig(
         path=config_path,

@@ -31,11 +31,10 @@ sources:
   - {name: demo_video, kind: jsonl, path: ./video_train.jsonl, media_root: ./media}
   - {name: demo_wds, kind: wds, path: ./wds}
 model:
-  model_type: qwen2_vl
   processor: embedded
   processor_kwargs: {min_pixels: 3136, max_pixels: 1003520}
 sample: {sample_type: packed_multi_mix_qa, max_token_len: 8192, text_key: messages}
-packing: {algorithm: best_fit_decreasing, min_fill_ratio: 0.2}
+packing: {min_fill_ratio: 0.2}
 wds: {maxcount: 4, maxsize: 50000000}
 frame_cache: {num_frames: 64, frame_size: 384, rows: 4, cols: 16, jpeg_quality: 95, videos_per_shard: 2}
 package:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vlm_assets.config import FrameCacheConfig
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,10 @@ class StorageLayout:
 
     def frame_cache(self, frame_size: int, num_frames: int) -> Path:
         return self.root / "frame_cache" / str(frame_size) / str(num_frames)
+
+    def frame_cache_dir(self, settings: FrameCacheConfig) -> Path:
+        """The frame cache built with `settings` (the config's `frame_cache:` section); use this one."""
+        return self.frame_cache(settings.frame_size, settings.num_frames)
 
     @property
     def packages(self) -> Path:

@@ -1,8 +1,10 @@
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
-from vlm_assets.config import ConfigError, load_config
+from vlm_assets.config import ConfigError, ModelConfig, PackingConfig, load_config
+from vlm_assets.definitions import build_definitions
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -30,6 +32,7 @@ def test_demo_config_loads_with_defaults_and_relative_paths(demo_app, demo_confi
         ("sources: [{name: a, kind: jsonl, path: x}, {name: a, kind: jsonl, path: y}]\n", "sources[1].name"),
         ("frame_cache: {num_frames: 64, rows: 4, cols: 8}\n", "frame_cache.rows"),
         ("package: {compress: lz4}\n", "package.compress"),
+        ("package: {name: ../escape}\n", "package.name"),
         ("model: {processor: ./no/such/dir}\n", "model.processor"),
     ],
 )
@@ -43,11 +46,34 @@ def test_errors_name_the_file_and_the_key(tmp_path, text, key):
     assert key in str(error.value)
 
 
+def test_informational_and_single_value_keys_are_accepted(tmp_path):
+    """Existing configs keep loading: model.model_type is informational, best_fit_decreasing the only algorithm."""
+    (tmp_path / "train.jsonl").write_text("")
+    sources = "sources: [{name: a, kind: jsonl, path: train.jsonl}]\n"
+    app = load_config(write(tmp_path, sources + "model: {model_type: qwen2_vl}\npacking: {algorithm: best_fit_decreasing}\n"))
+    assert app.model == ModelConfig() and app.packing == PackingConfig()
+    with pytest.raises(ConfigError, match="packing.algorithm"):
+        load_config(write(tmp_path, sources + "packing: {algorithm: first_fit}\n"))
+    with pytest.raises(ConfigError, match="model.model_type"):
+        load_config(write(tmp_path, sources + "model: {model_type: [qwen2_vl]}\n"))
+
+
 def test_invalid_yaml_and_missing_file_are_clear(tmp_path):
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(write(tmp_path, "sources: [\n"))
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "absent.yaml")
+
+
+def test_a_missing_config_still_loads_the_code_location_and_each_run_names_it(tmp_path):
+    config = tmp_path / "absent.yaml"
+    defs = build_definitions(config)  # what `dagster dev` loads: no config error at load time
+    defs.resolve_asset_graph()
+    energon_dataset = next(a for a in defs.assets if dg.AssetKey("energon_dataset") in a.keys)
+    with pytest.raises(dg.DagsterResourceFunctionError) as error:
+        dg.materialize([energon_dataset], resources=defs.resources, instance=dg.DagsterInstance.ephemeral())
+    cause = error.value.__cause__
+    assert isinstance(cause, ConfigError) and str(cause) == f"{config}: config file not found"
 
 
 def test_config_from_environment(tmp_path, monkeypatch):

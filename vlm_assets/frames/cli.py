@@ -47,4 +47,4 @@ def get_frames(args: argparse.Namespace) -> int:
 
 def _configured_cache_dir(config_path: str) -> Path:
     app = load_config(config_path)
-    return StorageLayout(app.storage_root).frame_cache(app.frame_cache.frame_size, app.frame_cache.num_frames)
+    return StorageLayout(app.storage_root).frame_cache_dir(app.frame_cache)

@@ -19,11 +19,10 @@ from typing import BinaryIO
 
 import zstandard
 
+from vlm_assets.config import COMPRESSIONS
 from vlm_assets.package.manifest import PackageError
 
-GZIP = "gzip"
-ZSTD = "zstd"
-COMPRESSIONS = (GZIP, ZSTD)
+GZIP, ZSTD = COMPRESSIONS  # "gzip", "zstd": the values `package.compress` and a recipe's `compress` take
 EXTENSIONS = {GZIP: ".nnpkg", ZSTD: ".nnpkg.zst"}
 DEFAULT_LEVELS = {GZIP: 6, ZSTD: 3}  # what `tar czf` / `tar --zstd` use, so sizes compare like for like
 

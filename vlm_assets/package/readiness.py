@@ -33,7 +33,7 @@ def input_problems(app: AppConfig, layout: StorageLayout) -> list[str]:
     if PACKED_WDS in app.package.include:
         problems += missing_shards(layout, [source.name for source in app.sources])
     if FRAME_CACHE in app.package.include:
-        problems += frame_cache_gaps(layout.frame_cache(app.frame_cache.frame_size, app.frame_cache.num_frames))
+        problems += frame_cache_gaps(layout.frame_cache_dir(app.frame_cache))
     return problems
 
 

@@ -14,9 +14,16 @@ from typing import Any
 
 import yaml
 
-from vlm_assets.config import AppConfig
+from vlm_assets.config import (
+    COMPRESSIONS,
+    DEFAULT_STORAGE_ROOT,
+    AppConfig,
+    FrameCacheConfig,
+    PackageConfig,
+    SampleConfig,
+    package_name_problem,
+)
 from vlm_assets.layout import StorageLayout
-from vlm_assets.package.compression import COMPRESSIONS
 from vlm_assets.package.manifest import PackageError
 from vlm_assets.package.writer import PackagePart, PackageSpec
 
@@ -50,17 +57,19 @@ data:
 
 
 def starter_recipe(recipe_path: Path, name: str, app: AppConfig | None = None) -> str:
-    """Text of a starter recipe; with an app config its data paths point at that config's outputs."""
+    """Text of a starter recipe whose data paths point at the outputs of `app`, or, without one, at
+    those of a config with default settings beside the recipe."""
+    base = recipe_path.parent.resolve()
     if app is None:
-        packed_wds, frame_cache, max_token_len = "./vlm_data/packed_wds", "./vlm_data/frame_cache/384/64", 8192
+        layout, frame_cache, sample = StorageLayout(base / DEFAULT_STORAGE_ROOT), FrameCacheConfig(), SampleConfig()
     else:
-        layout = StorageLayout(app.storage_root)
-        base = recipe_path.parent.resolve()
-        packed_wds = _relative(layout.packed_wds_root, base)
-        frame_cache = _relative(layout.frame_cache(app.frame_cache.frame_size, app.frame_cache.num_frames), base)
-        max_token_len = app.sample.max_token_len
+        layout, frame_cache, sample = StorageLayout(app.storage_root), app.frame_cache, app.sample
     return STARTER_RECIPE.format(
-        file_name=recipe_path.name, name=name, packed_wds=packed_wds, frame_cache=frame_cache, max_token_len=max_token_len
+        file_name=recipe_path.name,
+        name=name,
+        packed_wds=_relative(layout.packed_wds_root, base),
+        frame_cache=_relative(layout.frame_cache_dir(frame_cache), base),
+        max_token_len=sample.max_token_len,
     )
 
 
@@ -83,9 +92,10 @@ def load_recipe(path: Path) -> PackageSpec:
     if unknown:
         raise PackageError(f"{path}: {unknown[0]}: unknown key (allowed: {', '.join(sorted(_RECIPE_KEYS))})")
     name = raw.get("name")
-    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-        raise PackageError(f"{path}: name: must be a plain file name, got {name!r}")
-    compress = raw.get("compress", "zstd")
+    problem = package_name_problem(name)
+    if problem:
+        raise PackageError(f"{path}: name: {problem}")
+    compress = raw.get("compress", PackageConfig.compress)
     if compress not in COMPRESSIONS:
         raise PackageError(f"{path}: compress: must be one of {', '.join(COMPRESSIONS)}, got {compress!r}")
     hyperparameters = raw.get("hyperparameters") or {}
@@ -114,7 +124,7 @@ def spec_from_config(app: AppConfig, warn: Any = None) -> PackageSpec:
     layout = StorageLayout(app.storage_root)
     locations = {
         PACKED_WDS: layout.packed_wds_root,
-        FRAME_CACHE: layout.frame_cache(app.frame_cache.frame_size, app.frame_cache.num_frames),
+        FRAME_CACHE: layout.frame_cache_dir(app.frame_cache),
     }
     parts = []
     for role in app.package.include:

@@ -3,6 +3,7 @@
 import dagster as dg
 
 from vlm_assets.atomic import remove_stale_temp_files
+from vlm_assets.defs.frame_cache.assets import frame_cache_lock
 from vlm_assets.defs.resources import HEAVY_POOL, VlmConfig, versioned
 from vlm_assets.package.compression import COMPRESSIONS
 from vlm_assets.package.readiness import input_problems
@@ -72,10 +73,9 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
 
 def _package_locks(vlm_config: VlmConfig) -> dict[str, list[str]]:
     """The package is written alone, from inputs no run rewrites meanwhile (shards, metadata, frame cache)."""
-    layout, settings = vlm_config.layout, vlm_config.app.frame_cache
-    frame_cache = [layout.frame_cache_lock(settings.frame_size, settings.num_frames, part) for part in ("plan", "index")]
+    layout = vlm_config.layout
     return {
-        "exclusive": [layout.package_lock(vlm_config.app.package.name),
-                      layout.frame_cache_lock(settings.frame_size, settings.num_frames, "content")],
-        "shared": [layout.ENERGON_LOCK, *frame_cache, *(layout.source_lock(s.name) for s in vlm_config.sources())],
+        "exclusive": [layout.package_lock(vlm_config.app.package.name), frame_cache_lock(vlm_config, "content")],
+        "shared": [layout.ENERGON_LOCK, frame_cache_lock(vlm_config, "plan"), frame_cache_lock(vlm_config, "index"),
+                   *(layout.source_lock(s.name) for s in vlm_config.sources())],
     }
