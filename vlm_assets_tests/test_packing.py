@@ -20,7 +20,6 @@ from PIL import Image
 
 from vlm_assets.atomic import write_parquet
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, LENGTH_COLUMNS, media_type_of
-from vlm_assets.defs.packing import defs as packing_defs
 from vlm_assets.defs.packing.assets import energon_dataset, packed_json, packed_wds_shards, packing_bins
 from vlm_assets.defs.packing.checks import energon_loads_every_sample
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
@@ -430,6 +429,7 @@ def test_assets_materialize_with_checks_metadata_and_energon_load(mix_layout, tm
     assert checks["every_sample_accounted_for"].passed
     assert checks["bins_within_max_token_len"].passed
     assert checks["tar_members_match_records"].passed
+    assert {check.partition for check in checks.values()} == {"mix"}  # the UI shows each result's source
     fill = checks["fill_ratio"]  # min_fill_ratio 0.99 is deliberately unreachable here
     assert not fill.passed and fill.severity == dg.AssetCheckSeverity.WARN
     bins_meta = result.asset_materializations_for_node("packing_bins")[0].metadata
@@ -447,8 +447,3 @@ def test_assets_materialize_with_checks_metadata_and_energon_load(mix_layout, tm
     bins = pd.read_parquet(mix_layout.bins("mix"))
     assert sorted(load_all_ids(mix_layout.packed_wds_root)) == sorted(record_id("mix", b) for b in bins.bin_id)
 
-
-def test_definitions_load():
-    bound = dg.Definitions.merge(packing_defs, dg.Definitions(resources={"vlm_config": VlmConfig(config_path="unused.yaml")}))
-    keys = {key.to_user_string() for key in bound.resolve_asset_graph().get_all_asset_keys()}
-    assert {"packing_bins", "packed_json", "packed_wds_shards", "energon_dataset"} <= keys

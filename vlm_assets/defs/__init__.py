@@ -4,8 +4,9 @@ import warnings
 
 import dagster as dg
 
-# Per-partition asset checks are a Dagster preview feature; we rely on it knowingly (catalog and
-# frame-cache checks), so keep the UI and run logs free of the notice.
+# Per-partition asset checks are a Dagster preview feature; we rely on it knowingly (the catalog and
+# frame-cache checks, and the in-step checks of packing_bins and packed_wds_shards), so keep the UI
+# and run logs free of the notice.
 warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*partitions_def on an AssetCheckSpec.*")
 # Code versions come from the config (vlm_assets.definitions) through Definitions.map_asset_specs,
 # a preview API we use knowingly.

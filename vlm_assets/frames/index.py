@@ -14,6 +14,7 @@ from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import FrameCacheConfig
 from vlm_assets.frames.plan import PlannedVideo, shard_members
 from vlm_assets.frames.shard import ShardRecord, load_done_shard, tar_path
+from vlm_assets.wording import plural
 
 INDEX_FILE = "index.jsonl"
 FAILURES_FILE = "failures.jsonl"
@@ -31,7 +32,7 @@ class IndexSummary:
     shards_pending: list[str]
 
     def line(self) -> str:
-        return f"RGB cache: {self.records} records, {self.skipped} skipped, {self.failed} failed"
+        return f"RGB cache: {plural(self.records, 'record')}, {self.skipped} skipped, {self.failed} failed"
 
 
 def done_shards(cache_dir: Path, plan: list[PlannedVideo], config: FrameCacheConfig) -> dict[str, ShardRecord | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import io
 import json
 from pathlib import Path
@@ -9,9 +10,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vlm_assets.frames.index import INDEX_FILE, METADATA_FILE
+from vlm_assets.frames.index import FAILURES_FILE, INDEX_FILE, METADATA_FILE
 from vlm_assets.frames.mosaic import split_mosaic
 from vlm_assets.frames.shard import tar_path
+from vlm_assets.wording import plural
+
+SHOWN_KEYS = 5
 
 
 class FrameCacheReader:
@@ -36,7 +40,22 @@ class FrameCacheReader:
         try:
             return self.records[video]
         except KeyError:
-            raise KeyError(f"{video!r} is not in the frame cache at {self.cache_dir}") from None
+            raise KeyError(f"{video!r} is not in the frame cache at {self.cache_dir}: {self._why_missing(video)}") from None
+
+    def _why_missing(self, video: str) -> str:
+        """The video's caching error if it failed; else a few cached keys (the most similar first) and the total."""
+        failures = self.cache_dir / FAILURES_FILE
+        if failures.is_file():
+            for line in failures.read_text(encoding="utf-8").splitlines():
+                failure = json.loads(line)
+                if failure["video"] == video:
+                    return f"it could not be cached: {failure['error']}"
+        if not self.records:
+            return "it holds no videos"
+        similar = difflib.get_close_matches(video, list(self.records), n=SHOWN_KEYS, cutoff=0.6)
+        shown = (similar + [key for key in self.records if key not in similar])[:SHOWN_KEYS]
+        more = ", …" if len(self.records) > len(shown) else ""
+        return f"it holds {plural(len(self.records), 'video key')}, e.g. {', '.join(shown)}{more}"
 
     def read_jpeg(self, video: str) -> bytes:
         record = self.record(video)

@@ -19,6 +19,7 @@ from vlm_assets.package.reader import extract_package, read_manifest, verify_pac
 from vlm_assets.package.recipe import load_recipe, spec_from_config, starter_recipe
 from vlm_assets.package.train import default_workdir, train_from_package
 from vlm_assets.package.writer import current_time, source_date_epoch, write_package
+from vlm_assets.wording import plural
 
 _EPILOG = """\
 typical use:
@@ -73,7 +74,7 @@ def _pack(args: argparse.Namespace) -> int:
     created_at = source_date_epoch() or current_time()
     result = write_package(spec, output, level=args.level, threads=args.threads, created_at=created_at, log=_log)
     print(
-        f"{result.path}: {len(result.manifest.files)} files, {_human(result.data_bytes)} -> {_human(result.package_bytes)} "
+        f"{result.path}: {plural(len(result.manifest.files), 'file')}, {_human(result.data_bytes)} -> {_human(result.package_bytes)} "
         f"(ratio {result.compression_ratio:.2f}, {spec.compress})"
     )
     return 0
@@ -90,7 +91,7 @@ def _info(args: argparse.Namespace) -> int:
     print(f"files:       {len(manifest.files)} ({_human(manifest.total_size)} uncompressed)")
     for role in manifest.roles:
         entries = [entry for entry in manifest.files if entry.role == role]
-        print(f"  {role}: {len(entries)} files, {_human(sum(entry.size for entry in entries))}")
+        print(f"  {role}: {plural(len(entries), 'file')}, {_human(sum(entry.size for entry in entries))}")
     print(f"train_command: {manifest.train_command or '(none)'}")
     print("hyperparameters:")
     for key, value in manifest.hyperparameters.items():
@@ -109,7 +110,7 @@ def _extract(args: argparse.Namespace) -> int:
     path = Path(args.package)
     target = Path(args.output) if args.output else default_workdir(path)
     manifest = extract_package(path, target, force=args.force, log=_log)
-    print(f"extracted and verified {len(manifest.files)} files into {target}")
+    print(f"extracted and verified {plural(len(manifest.files), 'file')} into {target}")
     return 0
 
 
@@ -118,7 +119,7 @@ def _verify(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"MISMATCH {problem}")
     status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem(s))"
-    print(f"{report.path}: {status}: {report.checked_files} of {len(report.manifest.files)} files checked, {_human(report.checked_bytes)}")
+    print(f"{report.path}: {status}: {report.checked_files} of {plural(len(report.manifest.files), 'file')} checked, {_human(report.checked_bytes)}")
     return 0 if report.ok else 1
 
 

@@ -27,6 +27,7 @@ from vlm_assets.package.manifest import (
     check_archive_path,
     parse_manifest,
 )
+from vlm_assets.wording import plural
 
 _DATA_CHUNK = 1 << 20
 _TAR_BUFFER = 1 << 16
@@ -173,7 +174,7 @@ def verify_package(path: str | os.PathLike[str], *, log: Log | None = None) -> V
             checked_bytes += member.size
         problems += _missing_problems(expected, seen)
         package.finish()
-    log(f"verified {checked_files} files ({checked_bytes / 1e6:.1f} MB): {len(problems)} problem(s)")
+    log(f"verified {plural(checked_files, 'file')} ({checked_bytes / 1e6:.1f} MB): {len(problems)} problem(s)")
     return VerifyReport(Path(path), package.manifest, checked_files, checked_bytes, tuple(problems))
 
 
@@ -316,7 +317,7 @@ def extract_package(
     except BaseException:
         extraction.discard()
         raise
-    log(f"extracted {len(manifest.files)} files ({manifest.total_size / 1e6:.1f} MB) into {root}")
+    log(f"extracted {plural(len(manifest.files), 'file')} ({manifest.total_size / 1e6:.1f} MB) into {root}")
     return manifest
 
 

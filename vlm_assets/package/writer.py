@@ -41,6 +41,7 @@ from vlm_assets.package.manifest import (
     check_archive_path,
     role_root,
 )
+from vlm_assets.wording import plural
 
 _ROLE_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
 _BLOCK = tarfile.BLOCKSIZE
@@ -289,7 +290,7 @@ def write_package(
     log = log or (lambda message: None)
     sources = collect_sources(spec.parts)
     total = sum(source.size for source in sources)
-    log(f"packing {len(sources)} files ({total / 1e6:.1f} MB) into {out_path} ({spec.compress})")
+    log(f"packing {plural(len(sources), 'file')} ({total / 1e6:.1f} MB) into {out_path} ({spec.compress})")
 
     def manifest_with(digests: list[str]) -> Manifest:
         return Manifest(

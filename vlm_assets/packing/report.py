@@ -1,23 +1,15 @@
-"""Markdown summaries of a source's packing, for the asset's UI metadata."""
+"""Markdown summaries of a source's packing, for the asset's UI metadata (the length histogram is
+vlm_assets.tokens.histogram, shared with sample_lengths)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-HISTOGRAM_BUCKETS = 8
+from vlm_assets.packing.plan import fill_ratio
+from vlm_assets.wording import plural
+
 FILL_EDGES = (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
-
-
-def length_histogram_md(lengths: np.ndarray, max_token_len: int) -> str:
-    """Packed samples' token lengths in equal-width buckets up to max_token_len."""
-    edges = np.linspace(0, max_token_len, HISTOGRAM_BUCKETS + 1).round().astype(int)
-    counts, _ = np.histogram(lengths, bins=edges)
-    total = max(int(counts.sum()), 1)
-    rows = ["| token_len | samples | share |", "|---|---:|---:|"]
-    for low, high, count in zip(edges[:-1], edges[1:], counts):
-        rows.append(f"| {low + 1}–{high} | {int(count)} | {count / total:.1%} |")
-    return "\n".join(rows)
 
 
 def fill_summary_md(bins: pd.DataFrame, max_token_len: int) -> str:
@@ -28,7 +20,7 @@ def fill_summary_md(bins: pd.DataFrame, max_token_len: int) -> str:
     counts, _ = np.histogram(fills, bins=FILL_EDGES)
     per_bin = bins["lengths"].map(len)
     lines = [
-        f"**fill ratio** {fills.mean():.4f} over {len(bins)} bins "
+        f"**fill ratio** {fill_ratio(bins, max_token_len):.4f} over {plural(len(bins), 'bin')} "
         f"(min {fills.min():.3f}, median {np.median(fills):.3f}); "
         f"samples per bin: mean {per_bin.mean():.2f}, max {per_bin.max()}",
         "",

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from vlm_assets.wording import plural
+
 MAX_LISTED = 5
 
 
@@ -80,15 +82,15 @@ def shard_problems(shards: list[Path], jsonl_path: Path) -> list[str]:
             found.setdefault(key, set()).add(name)
     missing = sorted(set(expected) - set(found))
     if missing:
-        problems.append(f"{len(missing)} records missing from the shards: {_listed(missing)}")
+        problems.append(f"{plural(len(missing), 'record')} missing from the shards: {_listed(missing)}")
     extra = sorted(set(found) - set(expected))
     if extra:
-        problems.append(f"{len(extra)} tar samples not in packed_json: {_listed(extra)}")
+        problems.append(f"{plural(len(extra), 'tar sample')} not in packed_json: {_listed(extra)}")
     mismatched = sorted(key for key in set(found) & set(expected) if found[key] != expected[key])
     if mismatched:
         key = mismatched[0]
         problems.append(
-            f"{len(mismatched)} samples whose members differ from their record, e.g. {key!r}: "
+            f"{plural(len(mismatched), 'sample')} whose members differ from their record, e.g. {key!r}: "
             f"tar has {sorted(found[key])}, record names {sorted(expected[key])}"
         )
     return problems

@@ -12,6 +12,7 @@ from vlm_assets.frames.index import done_shards
 from vlm_assets.frames.plan import read_plan, shard_members
 from vlm_assets.frames.shard import plan_digest
 from vlm_assets.inbox import discover_inbox
+from vlm_assets.wording import plural
 
 INTERVAL_ENV_VAR = "VLM_ASSETS_SENSOR_INTERVAL_S"
 SENSOR_INTERVAL_S = int(os.environ.get(INTERVAL_ENV_VAR, "30"))
@@ -93,13 +94,13 @@ def frame_cache_shards_sensor(context: dg.SensorEvaluationContext, vlm_config: V
     if not records or records[0].storage_id <= handled:
         return dg.SensorResult(skip_reason="no new video_frame_plan materialisation")
     settings = vlm_config.app.frame_cache
-    cache_dir = vlm_config.layout.frame_cache(settings.frame_size, settings.num_frames)
+    cache_dir = vlm_config.layout.frame_cache_dir(settings)
     plan = read_plan(cache_dir)
     members = shard_members(plan)
     stale = [shard for shard, record in done_shards(cache_dir, plan, settings).items() if record is None]
     registered = set(context.instance.get_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name))
     unregistered = [shard for shard in stale if shard not in registered]
-    context.log.info(f"plan has {len(members)} shards; {len(stale)} to build: {', '.join(stale) or 'none'}")
+    context.log.info(f"plan has {plural(len(members), 'shard')}; {len(stale)} to build: {', '.join(stale) or 'none'}")
     if not stale:
         return dg.SensorResult(skip_reason="every planned shard is built for the current plan", cursor=str(records[0].storage_id))
     return dg.SensorResult(

@@ -11,7 +11,9 @@ from vlm_assets.catalog.build import MediaValidator, build_catalog, read_catalog
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
 from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
+from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.tokens.lengths import LengthCounter, LengthResult, SampleForLength
+from vlm_assets.wording import plural
 
 LENGTH_BATCH = 512
 CHECK_SAMPLE_SIZE = 24
@@ -42,7 +44,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         frame = build_catalog(
             source,
             app.sample.text_key,
-            progress=lambda n: context.log.info(f"{n} records read"),
+            progress=lambda n: context.log.info(f"{plural(n, 'record')} read"),
             validator=validator,
         )
         write_parquet(frame, path)
@@ -70,16 +72,6 @@ def _samples_for_length(frame: pd.DataFrame) -> list[SampleForLength]:
         SampleForLength(row.sample_id, row.messages, list(row.media_kinds), list(row.media_refs))
         for row in frame.itertuples(index=False)
     ]
-
-
-def _length_histogram(lengths: pd.Series, max_len: int) -> str:
-    if lengths.empty:
-        return "_no samples_"
-    edges = [0, 256, 512, 1024, 2048, 4096, max_len, max(max_len + 1, int(lengths.max()) + 1)]
-    edges = sorted(set(edges))
-    counts = pd.cut(lengths, bins=edges, right=False).value_counts(sort=False)
-    lines = ["| tokens | samples |", "|---|---|"] + [f"| {interval} | {count} |" for interval, count in counts.items()]
-    return "\n".join(lines)
 
 
 @dg.asset(
@@ -124,7 +116,7 @@ def sample_lengths(
         "median_tokens": float(good.token_len.median()) if len(good) else 0.0,
         "max_tokens": int(good.token_len.max()) if len(good) else 0,
         "over_max_token_len": over,
-        "length_histogram": dg.MetadataValue.md(_length_histogram(good.token_len, app.sample.max_token_len)),
+        "length_histogram": dg.MetadataValue.md(length_histogram_md(good.token_len, app.sample.max_token_len)),
         "processor": app.model.processor,
         "processor_fingerprint": hf_processor.fingerprint(),
     }, fingerprint))
@@ -155,5 +147,5 @@ def lengths_match_processor(
     return dg.AssetCheckResult(
         passed=not mismatches,
         metadata={"rows_checked": len(chosen), "mismatches": dg.MetadataValue.json(mismatches[:20])},
-        description=f"{len(chosen)} rows recomputed with the exact path, {len(mismatches)} differ",
+        description=f"{plural(len(chosen), 'row')} recomputed with the exact path, {len(mismatches)} differ",
     )

@@ -20,14 +20,14 @@ from vlm_assets.frames.plan import (
     write_plan,
 )
 from vlm_assets.frames.shard import ensure_shard, tar_path
+from vlm_assets.wording import plural
 
 FRAME_CACHE_POOL = "frame_cache"
 LOG_EVERY = 25
 
 
 def frame_cache_dir(vlm_config: VlmConfig) -> Path:
-    settings = vlm_config.app.frame_cache
-    return vlm_config.layout.frame_cache(settings.frame_size, settings.num_frames)
+    return vlm_config.layout.frame_cache_dir(vlm_config.app.frame_cache)
 
 
 def frame_cache_lock(vlm_config: VlmConfig, part: str) -> str:
@@ -40,7 +40,7 @@ def _known_frames(vlm_config: VlmConfig, log: dg.DagsterLogManager) -> dict[str,
     for source in vlm_config.sources():
         for path in frames_source_files(source):
             imported = load_frames_source(path, source.name, source.media_root)
-            log.info(f"{source.name}: imported frame counts and indices of {len(imported)} videos from {path}")
+            log.info(f"{source.name}: imported frame counts and indices of {plural(len(imported), 'video')} from {path}")
             known.update(imported)
     return known
 
@@ -90,7 +90,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     if new_keys:
         context.instance.add_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name, new_keys)
     failed = sum(1 for video in plan if video.error)
-    context.log.info(f"plan: {len(plan)} videos ({added} new, {failed} unreadable) in {len(shards)} shards")
+    context.log.info(f"plan: {plural(len(plan), 'video')} ({added} new, {failed} unreadable) in {plural(len(shards), 'shard')}")
     return dg.MaterializeResult(**versioned({
         "videos": len(plan),
         "media_keys": sum(len(video.keys) for video in plan),

@@ -13,8 +13,10 @@ from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig,
 from vlm_assets.packing.energon import prepare_energon_dataset
 from vlm_assets.packing.plan import fill_ratio, plan_packing, read_bins
 from vlm_assets.packing.records import build_records, read_records, write_jsonl
-from vlm_assets.packing.report import fill_summary_md, length_histogram_md, reject_counts_md
+from vlm_assets.packing.report import fill_summary_md, reject_counts_md
 from vlm_assets.packing.wds import list_shards, write_shards
+from vlm_assets.tokens.histogram import length_histogram_md
+from vlm_assets.wording import plural
 
 GROUP = "packing"
 PROGRESS_EVERY_S = 10.0
@@ -51,7 +53,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
             lengths_name=str(lengths_path),
         )
         context.log.info(
-            f"{source}: {plan.packed_count} samples into {len(plan.bins)} bins, {len(plan.rejects)} rejected "
+            f"{source}: {plural(plan.packed_count, 'sample')} into {plural(len(plan.bins), 'bin')}, {len(plan.rejects)} rejected "
             f"({time.perf_counter() - started:.2f}s)"
         )
         write_parquet(plan.bins, bins_path)
@@ -118,13 +120,13 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         nonlocal written, last_log
         written += 1
         if time.monotonic() - last_log > PROGRESS_EVERY_S:
-            context.log.info(f"{source}: {written} samples written (at {key})")
+            context.log.info(f"{source}: {plural(written, 'sample')} written (at {key})")
             last_log = time.monotonic()
 
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
         catalog = read_catalog(layout.catalog(source))
         shards = write_shards(read_records(jsonl_path, catalog), directory, app.wds.maxcount, app.wds.maxsize, progress)
-        context.log.info(f"{source}: {written} samples in {len(shards)} shards -> {directory}")
+        context.log.info(f"{source}: {plural(written, 'sample')} in {plural(len(shards), 'shard')} -> {directory}")
         members_result = checks.shard_members_result(list_shards(directory), jsonl_path)
     table = ["| shard | samples | bytes |", "|---|---:|---:|"] + [
         f"| {shard.path.name} | {len(shard.keys)} | {shard.size} |" for shard in shards
@@ -153,9 +155,9 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
     sources = [source.name for source in vlm_config.sources()]
     with vlm_config.locked(context.log, exclusive=[layout.ENERGON_LOCK], shared=map(layout.source_lock, sources)):
         shards = [shard for source in sources for shard in list_shards(layout.packed_wds(source))]
-        context.log.info(f"preparing Energon metadata over {len(shards)} shards under {root}")
+        context.log.info(f"preparing Energon metadata over {plural(len(shards), 'shard')} under {root}")
         dataset = prepare_energon_dataset(root, shards, app.sample.sample_type)
-    context.log.info(f"Energon indexed {dataset.sample_count} samples -> {dataset.meta_dir}")
+    context.log.info(f"Energon indexed {plural(dataset.sample_count, 'sample')} -> {dataset.meta_dir}")
     return dg.MaterializeResult(**versioned({
         "path": dg.MetadataValue.path(str(root)),
         "meta_dir": dg.MetadataValue.path(str(dataset.meta_dir)),

@@ -8,7 +8,7 @@ import dagster as dg
 import pandas as pd
 
 from vlm_assets.config import AppConfig
-from vlm_assets.defs.resources import VlmConfig
+from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.packing.plan import fill_ratio, read_bins
 from vlm_assets.packing.records import record_id
 from vlm_assets.packing.verify import (
@@ -16,17 +16,19 @@ from vlm_assets.packing.verify import (
     oversized_bins,
     shard_problems,
 )
+from vlm_assets.wording import plural
 
+# Declared per partition, like the standalone checks, so the UI shows each result's source.
 PACKING_BINS_CHECKS = [
-    dg.AssetCheckSpec("every_sample_accounted_for", asset="packing_bins", blocking=True,
+    dg.AssetCheckSpec("every_sample_accounted_for", asset="packing_bins", blocking=True, partitions_def=SOURCES_PARTITIONS,
                       description="catalogue = packed ∪ rejects, disjoint, each id once"),
-    dg.AssetCheckSpec("bins_within_max_token_len", asset="packing_bins", blocking=True,
+    dg.AssetCheckSpec("bins_within_max_token_len", asset="packing_bins", blocking=True, partitions_def=SOURCES_PARTITIONS,
                       description="every bin's total ≤ sample.max_token_len"),
-    dg.AssetCheckSpec("fill_ratio", asset="packing_bins",
+    dg.AssetCheckSpec("fill_ratio", asset="packing_bins", partitions_def=SOURCES_PARTITIONS,
                       description="share of the token budget used; warns below packing.min_fill_ratio"),
 ]
 SHARD_CHECKS = [
-    dg.AssetCheckSpec("tar_members_match_records", asset="packed_wds_shards", blocking=True,
+    dg.AssetCheckSpec("tar_members_match_records", asset="packed_wds_shards", blocking=True, partitions_def=SOURCES_PARTITIONS,
                       description="the shards hold exactly packed_json's records, each with exactly its members"),
 ]
 
@@ -88,7 +90,7 @@ def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_confi
             for bin_id in read_bins(layout.bins(source))["bin_id"]
         ]
         loaded = load_all_ids(layout.packed_wds_root)
-    context.log.info(f"Energon loaded {len(loaded)} samples; bins expect {len(expected)}")
+    context.log.info(f"Energon loaded {plural(len(loaded), 'sample')}; the bins expect {len(expected)}")
     duplicates = sorted(key for key, count in Counter(loaded).items() if count > 1)
     missing = sorted(set(expected) - set(loaded))
     unexpected = sorted(set(loaded) - set(expected))
