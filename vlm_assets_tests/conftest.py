@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -7,14 +9,33 @@ import pytest
 from vlm_assets.config import AppConfig, load_config
 from vlm_assets.demo import write_demo
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# Real sample data (public test media and annotation files): $VLM_ASSETS_TEST_DATA, else
+# shared/data beside this checkout (../shared/data from the repository root).
+DATA_ENV_VAR = "VLM_ASSETS_TEST_DATA"
+DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"real sample data not found at {SHARED_DATA}")
-    return SHARED_DATA
+    """The real sample data directory; the test is skipped (saying how to enable it) without one."""
+    data = Path(os.environ[DATA_ENV_VAR]) if os.environ.get(DATA_ENV_VAR) else DEFAULT_SHARED_DATA
+    if not data.is_dir():
+        pytest.skip(f"real sample data not found at {data}: set ${DATA_ENV_VAR} to its directory "
+                    f"(or put it at {DEFAULT_SHARED_DATA}) to run this test")
+    return data
+
+
+@pytest.fixture(scope="session")
+def real_file(shared_data: Path) -> Callable[[str], Path]:
+    """`real_file("decord/…/corrupted.mp4")`: that file of the real data; a missing one fails the test."""
+
+    def find(relative: str) -> Path:
+        path = shared_data / relative
+        if not path.is_file():
+            pytest.fail(f"{path} is missing from the real sample data at {shared_data}")
+        return path
+
+    return find
 
 
 @pytest.fixture(scope="session")

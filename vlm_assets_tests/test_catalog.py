@@ -66,21 +66,20 @@ def test_real_llama_factory_array_and_xtuner_jsonl(shared_data):
     assert images.iloc[0].n_turns == 10
 
 
-def test_real_broken_media_are_rejected_with_the_file_named(tmp_path, shared_data):
-    pillow = shared_data / "Pillow/Tests/images"
+def test_real_broken_media_are_rejected_with_the_file_named(tmp_path, real_file):
     for name in ("truncated_jpeg.jpg", "broken.png", "hopper_orientation_6.jpg"):
         (tmp_path / f"{Path(name).stem}.json").write_text(json.dumps(
             {"messages": [{"role": "user", "content": "<image>?"}, {"role": "assistant", "content": "!"}],
-             "images": [str(pillow / name)]}))
+             "images": [str(real_file(f"Pillow/Tests/images/{name}"))]}))
     rows = by_id(build_catalog(SourceConfig("p", "flat_dir", tmp_path, tmp_path)))
-    assert "truncated_jpeg.jpg" in rows["p/truncated_jpeg.json"].reason
-    assert "broken.png" in rows["p/broken.json"].reason
+    assert "unreadable image" in rows["p/truncated_jpeg.json"].reason and "truncated_jpeg.jpg" in rows["p/truncated_jpeg.json"].reason
+    assert "unreadable image" in rows["p/broken.json"].reason and "broken.png" in rows["p/broken.json"].reason
     assert rows["p/hopper_orientation_6.json"].status == "ok"
 
 
-def test_real_undecodable_video_is_rejected_at_the_catalogue(tmp_path, shared_data):
-    corrupted = shared_data / "decord/tests/test_data/corrupted.mp4"
-    fine = shared_data / "LLaMA-Factory/data/mllm_demo_data/4.mp4"
+def test_real_undecodable_video_is_rejected_at_the_catalogue(tmp_path, real_file):
+    corrupted = real_file("decord/tests/test_data/corrupted.mp4")
+    fine = real_file("LLaMA-Factory/data/mllm_demo_data/4.mp4")
     lines = [json.dumps({"messages": [{"role": "user", "content": "<video>?"}], "videos": [str(path)]})
              for path in (corrupted, fine)]
     (tmp_path / "v.jsonl").write_text("\n".join(lines))

@@ -30,9 +30,6 @@ from vlm_assets.frames.probe import VideoError, probe_video, sample_indices
 from vlm_assets.frames.reader import FrameCacheReader
 from vlm_assets.frames.shard import done_path, ensure_shard, tar_path
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data"
-if not REAL.is_dir():
-    REAL = Path("/work/shared/data")
 SMALL = FrameCacheConfig(num_frames=8, frame_size=64, rows=2, cols=4, jpeg_quality=90, videos_per_shard=3)
 
 
@@ -224,8 +221,8 @@ REAL_VIDEOS = {
 
 
 @pytest.mark.parametrize("name", sorted(REAL_VIDEOS))
-def test_real_videos_match_front_to_back_decoding(name):
-    path = str(REAL / name)
+def test_real_videos_match_front_to_back_decoding(name, real_file):
+    path = str(real_file(name))
     probe = probe_video(path)
     assert probe.total_frames == REAL_VIDEOS[name]
     indices = sample_indices(probe.total_frames, 16)
@@ -245,17 +242,17 @@ def test_resizer_reused_across_frame_sizes_matches_a_fresh_reformat():
         assert np.array_equal(resize(frame), fresh)
 
 
-def test_rotated_mov_is_turned_upright():
-    with opened_video(str(REAL / "decord/tests/test_data/video_90.mov")) as (container, stream):
+def test_rotated_mov_is_turned_upright(real_file):
+    with opened_video(str(real_file("decord/tests/test_data/video_90.mov"))) as (container, stream):
         frame = next(container.decode(stream))
         assert frame.rotation == -90
         raw = frame.reformat(width=32, height=32, interpolation="BICUBIC").to_ndarray(format="rgb24")
         assert np.array_equal(FrameResizer(32)(frame), np.rot90(raw, -1))  # 90° clockwise for display
 
 
-def test_shard_records_failures_and_completes(clips, tmp_path):
+def test_shard_records_failures_and_completes(clips, tmp_path, real_file):
     videos = [(f"gen/{name}", str(clips[name])) for name in GOOD + BAD]
-    videos.append(("real/corrupted.mp4", str(REAL / "decord/tests/test_data/corrupted.mp4")))
+    videos.append(("real/corrupted.mp4", str(real_file("decord/tests/test_data/corrupted.mp4"))))
     plan, summary = build_cache(tmp_path, videos)
     assert summary.records == len(GOOD)
     assert summary.failed == len(BAD) + 1 and summary.skipped == 0
@@ -286,9 +283,9 @@ def test_reader_round_trips_frames(clips, tmp_path):
         reader.read("gen/unknown.mp4")
 
 
-def test_full_size_mosaic_64_frames_384px(tmp_path):
+def test_full_size_mosaic_64_frames_384px(tmp_path, real_file):
     config = FrameCacheConfig(num_frames=64, frame_size=384, rows=4, cols=16, jpeg_quality=95, videos_per_shard=256)
-    path = REAL / "mmaction2/demo/demo.mp4"
+    path = real_file("mmaction2/demo/demo.mp4")
     build_cache(tmp_path, [("real/demo.mp4", str(path))], config)
     reader = FrameCacheReader(tmp_path)
     record = reader.record("real/demo.mp4")
@@ -411,7 +408,10 @@ def test_assets_checks_and_cli(clips, tmp_path, capsys):
     written = sorted(out.glob("*.png"))
     assert len(written) == 8 and Image.open(written[0]).size == (64, 64)
     assert frames_cli.get_frames(_get_args("beta/missing.mp4", out, config)) == 1
-    assert "not in the frame cache" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "not in the frame cache" in error and "it holds 5 video keys, e.g. beta/" in error  # the most similar first
+    assert frames_cli.get_frames(_get_args("alpha/zero.mp4", out, config)) == 1
+    assert "alpha/zero.mp4' is not in the frame cache" in (error := capsys.readouterr().err) and "could not be cached" in error
 
 
 def _get_args(video: str, out: Path, config: Path):

@@ -10,7 +10,6 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
-from vlm_assets.defs.package import defs as package_defs
 from vlm_assets.defs.package.assets import training_package
 from vlm_assets.defs.package.checks import package_verifies
 from vlm_assets.defs.resources import VlmConfig
@@ -59,12 +58,6 @@ def materialize(config: Path) -> dg.ExecuteInProcessResult:
         instance=dg.DagsterInstance.ephemeral(),
         raise_on_error=False,
     )
-
-
-def test_definitions_expose_asset_and_check() -> None:
-    assert list(package_defs.assets) == [training_package] and list(package_defs.asset_checks) == [package_verifies]
-    deps = {dep.asset_key for dep in training_package.specs_by_key[dg.AssetKey("training_package")].deps}
-    assert deps == {dg.AssetKey("energon_dataset"), dg.AssetKey("frame_cache_index")}
 
 
 def test_asset_writes_verified_package_with_metadata(tmp_path: Path) -> None:
