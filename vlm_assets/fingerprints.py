@@ -160,7 +160,7 @@ class Fingerprints:
         whole plan and the shards.
         """
         settings = self.app.frame_cache
-        cache_dir = StorageLayout(self.app.storage_root).frame_cache(settings.frame_size, settings.num_frames)
+        cache_dir = StorageLayout(self.app.storage_root).frame_cache_dir(settings)
         plan = read_plan(cache_dir)
         shards = {
             shard: self._of("frame_cache_shard", shard, plan_digest(videos, settings))

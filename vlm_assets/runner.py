@@ -150,7 +150,7 @@ def selected_assets(shape: GraphShape, select: Sequence[str] | None) -> list[str
 def primary_outputs(vlm_config: VlmConfig, asset: str, partition: str | None) -> list[Path]:
     """Files (or folders) that must exist for an asset to count as built."""
     layout, app = vlm_config.layout, vlm_config.app
-    cache_dir = layout.frame_cache(app.frame_cache.frame_size, app.frame_cache.num_frames)
+    cache_dir = layout.frame_cache_dir(app.frame_cache)
     source = partition or ""
     outputs = {
         "sample_catalog": [layout.catalog(source)],

@@ -63,7 +63,7 @@ class VlmConfig(dg.ConfigurableResource):
             yield
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        run = context.dagster_run
+        run = context.run
         if run is not None and context.instance is not None and ALIVE_TAG not in run.tags:
             context.instance.add_run_tags(run.run_id, {ALIVE_TAG: str(process_token(self.app.storage_root))})
 
