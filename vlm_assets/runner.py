@@ -30,6 +30,7 @@ from vlm_assets.config import CONFIG_ENV_VAR, AppConfig
 from vlm_assets.defs.resources import ALIVE_TAG, FINGERPRINT_KEY, SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
 from vlm_assets.packing.wds import list_shards
+from vlm_assets.wording import plural
 
 REPO_INSTANCE_CONFIG = Path(__file__).resolve().parent.parent / "dagster.yaml"
 RUN_LOGGING = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -520,7 +521,7 @@ def print_outputs(app: AppConfig, echo: Callable[[str], None] = print) -> None:
         path = root / name
         if path.exists():
             count = sum(1 for item in path.rglob("*") if item.is_file())
-            echo(f"  {path}  ({count} files)")
+            echo(f"  {path}  ({plural(count, 'file')})")
 
 
 def default_workers() -> int:
