@@ -7,6 +7,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -290,3 +292,16 @@ def test_frame_cache_is_checked_only_when_packaged(tmp_path: Path) -> None:
     assert input_problems(shards_only, layout) == []
     both = load_config(app_config(tmp_path, ["packed_wds", "frame_cache"], []))
     assert len(input_problems(both, layout)) == 1
+
+
+@pytest.mark.parametrize("order", ["options first", "options after the package"])
+def test_train_takes_its_options_before_or_after_the_package(tmp_path: Path, dataset, capfd, order: str) -> None:  # noqa: F811
+    from vlm_assets.cli import main
+
+    root, _ = dataset
+    package = str(write_package(make_spec(root, "zstd"), tmp_path / "run.nnpkg.zst").path)
+    command = [sys.executable, "-c", "import sys; print('ARGS', sys.argv[1:])"]
+    options = ["--command", subprocess.list2cmdline(command) + " {workdir}"]
+    line = [*options, package] if order == "options first" else [package, *options]
+    assert main(["package", "train", *line, "--", "--epochs", "3"]) == 0
+    assert f"ARGS ['{package}.d', '--epochs', '3']" in capfd.readouterr().out

@@ -123,12 +123,27 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+TRAIN_OPTIONS = ("--workdir", "--command", "--rehash")
+
+
 def _train(args: argparse.Namespace) -> int:
+    # Everything after PACKAGE arrives in `extra`. Train's own options written there are read as
+    # options up to a `--`; what follows `--` (or a line that starts with no option of ours)
+    # belongs to the training command.
+    extra = list(args.extra)
+    if "--" in extra:
+        cut = extra.index("--")
+        options, extra = extra[:cut], extra[cut + 1:]
+    elif extra and extra[0].split("=", 1)[0] in TRAIN_OPTIONS:
+        options, extra = extra, []
+    else:
+        options = []
+    args.train_parser.parse_args([*options, args.package], namespace=args)
     code = train_from_package(
         Path(args.package),
         workdir=Path(args.workdir) if args.workdir else None,
         command=args.command,
-        extra_args=args.extra[1:] if args.extra[:1] == ["--"] else args.extra,
+        extra_args=extra,
         rehash=args.rehash,
         log=_log,
     )
@@ -211,13 +226,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Verify and extract the package into WORKDIR (reused while the manifest is unchanged), then run "
         "the training command with placeholders filled: {<role>} (e.g. {packed_wds}, {frame_cache}) = extracted "
         "folder, {workdir}, {manifest}, {hyperparameters} (JSON), {hp[KEY]}. Exits with the command's exit code. "
-        "Options go before PACKAGE; arguments after it are appended to the command.",
+        "Options may come before or after PACKAGE; arguments after `--` are appended to the command.",
     )
     train.add_argument("--workdir", help="extraction folder (default: <package>.d)")
     train.add_argument("--command", help="override the package's train_command")
     train.add_argument("--rehash", action="store_true", help="when reusing the workdir, re-check every extracted file's sha256")
-    train.add_argument("package", help="package file; options go before it")
+    train.add_argument("package", help="package file")
     train.add_argument(
-        "extra", nargs=argparse.REMAINDER, metavar="ARG", help="everything after PACKAGE is appended to the training command"
+        "extra", nargs=argparse.REMAINDER, metavar="ARG", help="after `--`: appended to the training command"
     )
+    train.set_defaults(train_parser=train)
     train.set_defaults(func=_guarded(_train))
