@@ -42,6 +42,8 @@ package:
   compress: zstd
   include: [packed_wds, frame_cache]
   hyperparameters: {lr: 1.0e-5, global_batch_size: 8, max_token_len: 8192}
+  # A stand-in for your trainer: shows what `vlm-assets package train` hands it.
+  train_command: "echo train on {packed_wds} with frames from {frame_cache}, lr={hp[lr]}"
 """
 
 QUESTIONS = [
