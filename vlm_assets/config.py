@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 CONFIG_ENV_VAR = "VLM_ASSETS_CONFIG"
+DEFAULT_CONFIG_NAME = "vlm_assets.yaml"
 SOURCE_KINDS = ("flat_dir", "jsonl", "wds")
 SAMPLE_TYPES = ("packed_captioning", "packed_vqa", "packed_multi_mix_qa")
 # `packing.algorithm` is accepted for existing configs; best-fit decreasing is the only algorithm.
@@ -181,13 +182,8 @@ def package_name_problem(name: Any) -> str | None:
 
 
 def default_config_path() -> str:
-    """$VLM_ASSETS_CONFIG, else ./vlm_assets.yaml, else the demo's ./demo/vlm_assets.yaml."""
-    if os.environ.get(CONFIG_ENV_VAR):
-        return os.environ[CONFIG_ENV_VAR]
-    for candidate in ("vlm_assets.yaml", os.path.join("demo", "vlm_assets.yaml")):
-        if os.path.exists(candidate):
-            return os.path.abspath(candidate)
-    return os.path.abspath("vlm_assets.yaml")
+    """$VLM_ASSETS_CONFIG, else vlm_assets.yaml in the working directory (no other guess)."""
+    return os.environ.get(CONFIG_ENV_VAR) or os.path.abspath(DEFAULT_CONFIG_NAME)
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> AppConfig:
@@ -198,7 +194,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> AppConfig:
             raise ConfigError(f"no config given: pass --config FILE or set ${CONFIG_ENV_VAR}")
     config_path = Path(path).expanduser().resolve()
     if not config_path.is_file():
-        raise ConfigError(f"{config_path}: config file not found")
+        raise ConfigError(f"{config_path}: config file not found (set ${CONFIG_ENV_VAR} or pass --config FILE)")
     try:
         raw = yaml.safe_load(config_path.read_text(encoding="utf-8"))
     except yaml.YAMLError as error:

@@ -73,7 +73,8 @@ def test_a_missing_config_still_loads_the_code_location_and_each_run_names_it(tm
     with pytest.raises(dg.DagsterResourceFunctionError) as error:
         dg.materialize([energon_dataset], resources=defs.resources, instance=dg.DagsterInstance.ephemeral())
     cause = error.value.__cause__
-    assert isinstance(cause, ConfigError) and str(cause) == f"{config}: config file not found"
+    assert isinstance(cause, ConfigError)
+    assert str(cause) == f"{config}: config file not found (set $VLM_ASSETS_CONFIG or pass --config FILE)"
 
 
 def test_config_from_environment(tmp_path, monkeypatch):
