@@ -40,7 +40,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with open_instance(home) as instance:
         summary = run_graph(defs, app, instance, select, echo=_echo, workers=workers, force=args.force,
-                            log_dir=home / "logs")
+                            log_dir=home / "logs", executor=args.executor)
     print_outputs(app)
     print(f"{summary.runs} run(s), {len(summary.materialized)} materialisation(s), {len(summary.up_to_date)} up to date, "
           f"{len(summary.failed_runs)} failed run(s), {len(summary.failed_checks)} failed check(s), "
@@ -69,13 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="runs at a time, each in its own worker process (default: the number of cores)")
     run.add_argument("--force", action="store_true",
                      help="rebuild every selected asset, even those whose inputs and settings are unchanged")
+    run.add_argument("--executor", choices=("in_process", "celery"), default="in_process",
+                     help="where steps execute: in the run's worker process, or on Celery workers "
+                          "(`vlm-assets worker`; needs $VLM_ASSETS_CELERY_BROKER)")
     run.set_defaults(func=_cmd_run)
 
     demo = commands.add_parser("demo", help="write the deterministic demo dataset and its config")
     demo.add_argument("directory", help="where to write it")
     demo.set_defaults(func=_cmd_demo)
 
-    for module in ("vlm_assets.package.cli", "vlm_assets.frames.cli"):
+    for module in ("vlm_assets.package.cli", "vlm_assets.frames.cli", "vlm_assets.scale_out.cli"):
         try:
             __import__(module, fromlist=["register"]).register(commands)
         except ModuleNotFoundError as error:

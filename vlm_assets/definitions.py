@@ -9,6 +9,7 @@ import dagster as dg
 from vlm_assets.config import ConfigError, default_config_path
 from vlm_assets.defs import automation, catalog, frame_cache, package, packing
 from vlm_assets.defs.resources import HFProcessor, VlmConfig
+from vlm_assets.scale_out.executor import code_location_executor
 
 DOMAINS = (catalog, packing, frame_cache, package, automation)
 
@@ -18,7 +19,7 @@ def build_definitions(config_path: str | os.PathLike[str]) -> dg.Definitions:
     defs = dg.Definitions.merge(
         *(domain.defs for domain in DOMAINS),
         dg.Definitions(resources={"vlm_config": vlm_config, "hf_processor": HFProcessor(vlm_config=vlm_config)}),
-        dg.Definitions(executor=dg.in_process_executor),
+        dg.Definitions(executor=code_location_executor()),
     )
     return _with_code_versions(defs, vlm_config)
 

@@ -1,0 +1,63 @@
+"""`vlm-assets worker --config FILE`: a Celery worker that executes the steps of celery runs."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+
+from vlm_assets.config import CONFIG_ENV_VAR, load_config
+from vlm_assets.scale_out.executor import require_broker
+
+WORKER_ARGS = (
+    # One step per free process: the rest stay in the queue for the other workers.
+    "--prefetch-multiplier=1",
+    "--loglevel=INFO",
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    worker = subparsers.add_parser(
+        "worker", help="execute the steps of celery runs (Celery worker; needs $VLM_ASSETS_CELERY_BROKER)")
+    worker.add_argument("--config", default=os.environ.get(CONFIG_ENV_VAR),
+                        help=f"config YAML, the same file the runs use (default ${CONFIG_ENV_VAR})")
+    worker.add_argument("--concurrency", type=int, default=0,
+                        help="steps at a time, each in its own process (default: the number of cores)")
+    worker.set_defaults(func=start_worker)
+
+
+def start_worker(args: argparse.Namespace) -> int:
+    app = load_config(args.config)
+    broker = require_broker()
+    # Steps of runs launched by the daemon rebuild the code location, which reads this variable.
+    os.environ[CONFIG_ENV_VAR] = str(app.path)
+    from vlm_assets.runner import POSTGRES_HOST_ENV, default_workers, ensure_dagster_home, open_instance
+
+    home = ensure_dagster_home(app.path.parent / ".dagster_home")
+    with open_instance(home) as instance:
+        storage = type(instance.run_storage).__name__
+    print(f"Dagster instance: {home} ({storage}); storage root: {app.storage_root}", flush=True)
+    if not os.environ.get(POSTGRES_HOST_ENV):
+        print(f"note: {POSTGRES_HOST_ENV} is not set, so only runs started on this machine (sqlite instance) "
+              "can use this worker", flush=True)
+    concurrency = args.concurrency or default_workers()
+    # Loaded here, before Celery forks its pool processes, rather than by each of them on its first
+    # step: the code location, and the processor (seconds) that token counting uses.
+    from vlm_assets.definitions import defs
+
+    defs.resources["hf_processor"].load()
+    from celery.signals import worker_process_init
+    from dagster_celery.app import app as celery_app
+
+    celery_app.conf.update(broker_url=broker, result_backend=broker)
+    worker_process_init.connect(_allow_child_processes, weak=False)
+    celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--hostname=vlm-assets-{os.getpid()}@%h",
+                            *WORKER_ARGS])
+    return 0
+
+
+def _allow_child_processes(**_: object) -> None:
+    # Celery marks its pool processes daemonic and Python forbids daemonic processes to start
+    # children, but steps do (Energon's prepare in energon_dataset). The pool process is not
+    # started yet from its own point of view, so the public setter accepts the change.
+    multiprocessing.current_process().daemon = False
