@@ -17,7 +17,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     config_path = write_demo(args.directory)
     print(f"demo dataset written under {config_path.parent}")
     print(f"config: {config_path}")
-    print(f"next:   vlm-assets run --config {config_path}")
     return 0
 
 
@@ -31,7 +30,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from vlm_assets.runner import default_workers, ensure_dagster_home, open_instance, print_outputs, run_graph
 
     home = ensure_dagster_home(Path(args.dagster_home) if args.dagster_home else app.path.parent / ".dagster_home")
-    print(f"Dagster instance: {home}  (see the runs with: DAGSTER_HOME={home} dagster dev)", flush=True)
+    dagster = Path(sys.executable).parent / "dagster"  # the venv's, which a fresh shell has no PATH to
+    print(f"Dagster instance: {home}  (see the runs with: DAGSTER_HOME={home} VLM_ASSETS_CONFIG={app.path} "
+          f"{dagster} dev)", flush=True)
     from vlm_assets.definitions import build_definitions
 
     defs = build_definitions(str(app.path))

@@ -32,7 +32,8 @@ from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
 from vlm_assets.packing.wds import list_shards
 from vlm_assets.wording import plural
 
-REPO_INSTANCE_CONFIG = Path(__file__).resolve().parent.parent / "dagster.yaml"
+# Instance templates ship inside the package, so a non-editable install finds them too.
+REPO_INSTANCE_CONFIG = Path(__file__).resolve().parent / "instance" / "dagster.yaml"
 RUN_LOGGING = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 LAUNCHED_BY_TAG = {"vlm_assets/launched_by": "cli"}
 ASSET_TAG = "vlm_assets/asset"  # the asset a CLI run materialises (one per run)
@@ -57,7 +58,7 @@ class RunSummary:
 
 
 INSTANCE_CONFIG_HEADER = (
-    "# Written by vlm-assets from the project's dagster.yaml (+ dagster.postgres.yaml when "
+    "# Written by vlm-assets from vlm_assets/instance/dagster.yaml (+ dagster.postgres.yaml when "
     "$VLM_ASSETS_PG_HOST is set) and rewritten on every run; delete this line to keep your own edits.\n"
 )
 POSTGRES_TEMPLATE = REPO_INSTANCE_CONFIG.with_name("dagster.postgres.yaml")
