@@ -22,8 +22,9 @@ import dagster as dg
 import pytest
 import redis
 
-from vlm_assets.runner import POSTGRES_DEFAULTS, POSTGRES_HOST_ENV
+from vlm_assets.runner import POSTGRES_HOST_ENV
 from vlm_assets.scale_out.executor import CELERY_BROKER_ENV, answering_workers
+from vlm_assets_tests.pg_support import pg_server
 from vlm_assets_tests.run_support import differences, run, site_config, snapshot, start_run
 
 psycopg2 = pytest.importorskip("psycopg2")
@@ -89,12 +90,7 @@ def redis_server(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def postgres_env() -> Iterator[dict[str, str]]:
     """VLM_ASSETS_PG_* naming a fresh database on the test server, dropped afterwards."""
-    server = {
-        "host": os.environ.get("VLM_ASSETS_TEST_PG_HOST") or "127.0.0.1",
-        "port": int(os.environ.get("VLM_ASSETS_TEST_PG_PORT") or POSTGRES_DEFAULTS["VLM_ASSETS_PG_PORT"]),
-        "user": os.environ.get("VLM_ASSETS_TEST_PG_USER") or POSTGRES_DEFAULTS["VLM_ASSETS_PG_USER"],
-        "password": os.environ.get("VLM_ASSETS_TEST_PG_PASSWORD", ""),
-    }
+    server = pg_server()
     try:
         admin = psycopg2.connect(dbname="postgres", connect_timeout=5, **server)
     except psycopg2.OperationalError as error:

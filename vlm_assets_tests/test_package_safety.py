@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vlm_assets_tests.test_package_asset import write_config
+
 from vlm_assets.config import load_config
 from vlm_assets.frames.plan import PlannedVideo, write_plan
 from vlm_assets.layout import StorageLayout
@@ -227,21 +229,7 @@ def test_cli_pack_records_a_time_and_info_shows_a_missing_one(tmp_path: Path, da
 
 
 def app_config(tmp_path: Path, include: list[str], sources: list[str]) -> Path:
-    config = tmp_path / "vlm_assets.yaml"
-    for name in sources:
-        (tmp_path / "raw" / name).mkdir(parents=True, exist_ok=True)
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "storage": {"root": "./data"},
-                "inbox": "./inbox",
-                "frame_cache": {"num_frames": 4, "frame_size": 56, "rows": 1, "cols": 4},
-                "sources": [{"name": name, "kind": "flat_dir", "path": f"./raw/{name}"} for name in sources],
-                "package": {"name": "exp1", "include": include},
-            }
-        )
-    )
-    return config
+    return write_config(tmp_path, tuple(sources), include=include)
 
 
 def test_every_configured_source_needs_packed_shards(tmp_path: Path) -> None:

@@ -18,17 +18,13 @@ import yaml
 from vlm_assets.config import load_config
 from vlm_assets.runner import POSTGRES_DEFAULTS, POSTGRES_HOST_ENV, ensure_dagster_home, run_graph
 from vlm_assets.definitions import build_definitions
+from vlm_assets_tests.pg_support import pg_server
 
 psycopg2 = pytest.importorskip("psycopg2")
 
 
 def _server() -> dict[str, object]:
-    settings = {
-        "host": os.environ.get("VLM_ASSETS_TEST_PG_HOST") or "127.0.0.1",
-        "port": int(os.environ.get("VLM_ASSETS_TEST_PG_PORT") or POSTGRES_DEFAULTS["VLM_ASSETS_PG_PORT"]),
-        "user": os.environ.get("VLM_ASSETS_TEST_PG_USER") or POSTGRES_DEFAULTS["VLM_ASSETS_PG_USER"],
-        "password": os.environ.get("VLM_ASSETS_TEST_PG_PASSWORD", ""),
-    }
+    settings = pg_server()
     try:
         psycopg2.connect(dbname="postgres", connect_timeout=5, **settings).close()
     except psycopg2.OperationalError as error:
