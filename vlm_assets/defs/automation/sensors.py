@@ -18,21 +18,16 @@ INTERVAL_ENV_VAR = "VLM_ASSETS_SENSOR_INTERVAL_S"
 SENSOR_INTERVAL_S = int(os.environ.get(INTERVAL_ENV_VAR, "30"))
 LAUNCHED_BY_TAG = "vlm_assets/launched_by"
 
-PACKED_WDS_SHARDS = dg.AssetKey("packed_wds_shards")
 VIDEO_FRAME_PLAN = dg.AssetKey("video_frame_plan")
 FRAME_CACHE_SHARD = dg.AssetKey("frame_cache_shard")
-PACKING_LINEAGE = dg.AssetSelection.assets(PACKED_WDS_SHARDS).upstream()
-
-
-def packing_lineage(graph) -> list[dg.AssetKey]:
-    """The per-source assets a new source needs: packed_wds_shards and its `sources`-partitioned ancestors."""
-    keys = PACKING_LINEAGE.resolve(graph)
-    return sorted(key for key in keys if getattr(graph.get(key).partitions_def, "name", None) == SOURCES_PARTITIONS.name)
+# What a new source needs built: every `sources`-partitioned asset up to its shards, in order.
+PACKING_LINEAGE = [dg.AssetKey(name) for name in
+                   ("sample_catalog", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards")]
 
 
 @dg.sensor(
     name="inbox_sensor",
-    target=PACKING_LINEAGE,
+    target=dg.AssetSelection.assets(*PACKING_LINEAGE),
     minimum_interval_seconds=SENSOR_INTERVAL_S,
     default_status=dg.DefaultSensorStatus.STOPPED,
     description="Turns each finished inbox entry (directory of JSON or pretrain-*.tar, or *.jsonl) into a "
@@ -47,7 +42,6 @@ def inbox_sensor(context: dg.SensorEvaluationContext, vlm_config: VlmConfig) -> 
         context.log.info(f"{name}: waiting ({reason})")
     if not decision.ready:
         return dg.SensorResult(skip_reason=f"no new finished sources in {app.inbox}", cursor=decision.cursor.to_json())
-    lineage = packing_lineage(context.repository_def.asset_graph)
     new_keys = [entry.source.name for entry in decision.ready if entry.source.name not in registered]
     runs = []
     for entry in decision.ready:
@@ -55,7 +49,7 @@ def inbox_sensor(context: dg.SensorEvaluationContext, vlm_config: VlmConfig) -> 
         runs.append(dg.RunRequest(
             run_key=f"{entry.source.name}@{fingerprint_key(entry)}",
             partition_key=entry.source.name,
-            asset_selection=lineage,
+            asset_selection=PACKING_LINEAGE,
             tags={LAUNCHED_BY_TAG: "inbox_sensor"},
         ))
     return dg.SensorResult(
