@@ -18,27 +18,17 @@ FOLLOWERS = dg.AssetSelection.assets(
     dg.AssetKey("energon_dataset"), dg.AssetKey("video_frame_plan"), dg.AssetKey("frame_cache_index")
 )
 
-FOLLOWS_UPSTREAM = (
-    dg.AutomationCondition.any_deps_updated().since_last_handled()
-    & ~dg.AutomationCondition.any_deps_missing()
-    & ~dg.AutomationCondition.any_deps_in_progress()
-    # Not in the same tick as an input: video_frame_plan registers new shard partitions while it
-    # runs, and frame_cache_index must wait for those shards instead of indexing the old set.
-    & ~dg.AutomationCondition.any_deps_match(dg.AutomationCondition.will_be_requested())
-    & ~dg.AutomationCondition.in_progress()
-).with_label("follows upstream")
 
 with warnings.catch_warnings():
-    warnings.simplefilter("ignore", dg.BetaWarning)  # default_condition needs the user-code-server evaluation
+    warnings.simplefilter("ignore", dg.BetaWarning)  # evaluating in the user code server is a beta option
     follow_upstream_sensor = dg.AutomationConditionSensorDefinition(
         "follow_upstream_sensor",
         target=FOLLOWERS,
-        default_condition=FOLLOWS_UPSTREAM,
         use_user_code_server=True,
         emit_backfills=False,
         minimum_interval_seconds=SENSOR_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         run_tags={LAUNCHED_BY_TAG: "follow_upstream_sensor"},
         description="Rebuilds energon_dataset, video_frame_plan and frame_cache_index after their inputs change "
-        "(applies to those without an automation condition of their own).",
+        "(their automation condition: vlm_assets.defs.conditions.FOLLOWS_UPSTREAM).",
     )

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig, versioned
 from vlm_assets.frames.index import write_index
 from vlm_assets.frames.plan import (
@@ -53,6 +54,7 @@ def _plan_table(plan: list[PlannedVideo], limit: int = 10) -> str:
 
 
 @dg.asset(
+    automation_condition=FOLLOWS_UPSTREAM,
     deps=[dg.AssetKey("sample_catalog")],
     group_name="frame_cache",
     description="Every unique video of the catalogue with its decodable frame count, fps, sampled "
@@ -148,6 +150,7 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
 
 
 @dg.asset(
+    automation_condition=FOLLOWS_UPSTREAM,
     deps=[video_frame_plan, frame_cache_shard],
     group_name="frame_cache",
     description="index.jsonl (one row per media key with shard, byte offset and size), metadata.json, failures.jsonl.",

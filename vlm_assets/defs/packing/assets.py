@@ -9,6 +9,7 @@ import pandas as pd
 from vlm_assets.atomic import atomic_open, write_parquet
 from vlm_assets.catalog.build import read_catalog
 from vlm_assets.defs.packing import checks
+from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
 from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig, versioned
 from vlm_assets.packing.energon import prepare_energon_dataset
 from vlm_assets.packing.plan import fill_ratio, plan_packing, read_bins
@@ -143,6 +144,7 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
 
 
 @dg.asset(
+    automation_condition=FOLLOWS_UPSTREAM,
     deps=[dg.AssetDep(packed_wds_shards, partition_mapping=dg.AllPartitionMapping())],
     group_name=GROUP,
     kinds={"energon"},
