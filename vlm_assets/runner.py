@@ -480,8 +480,8 @@ def run_graph(
         summary.interrupted = stop.requested
     summary.blocked = [_label(*node) for node, state in scheduler.state.items() if state == "blocked"]
     if summary.interrupted:
-        never = [asset for asset in selected if any(key is not None and (asset, key) not in scheduler.state
-                                                    for key in (scheduler.partitions.get(asset) or [None]))]
+        never = [_label(asset, key) for asset in selected for key in scheduler.partitions.get(asset, [None])
+                 if (asset, key) not in scheduler.state]
         echo(f"stopped on request; not launched: {', '.join(never) or 'nothing'}")
     return summary
 
