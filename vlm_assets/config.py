@@ -6,6 +6,7 @@ surfaces later as a confusing failure deep inside a run.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,10 @@ class SourceConfig:
     kind: str
     path: Path
     media_root: Path
+    # Training mix settings (docs/formats.md); inbox sources get these defaults.
+    sample_type: str | None = None  # None: the global `sample.sample_type`
+    weight: float = 1.0  # relative share of drawn bins in the metadataset blend; 0 leaves the source out
+    subflavors: dict[str, Any] = field(default_factory=dict, hash=False)  # passed through to Energon
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,9 @@ class AppConfig:
                 return source
         raise ConfigError(f"{self.path}: no source named {name!r} (known: {[s.name for s in self.sources]})")
 
+    def sample_type_of(self, source: SourceConfig) -> str:
+        return source.sample_type or self.sample.sample_type
+
 
 _SECTION_KEYS = {
     "storage": {"root"},
@@ -112,7 +120,9 @@ _SECTION_KEYS = {
     "package": {"name", "compress", "include", "hyperparameters", "train_command"},
 }
 _TOP_KEYS = set(_SECTION_KEYS) | {"inbox", "inbox_require_ready_marker", "sources"}
-_SOURCE_KEYS = {"name", "kind", "path", "media_root"}
+_SOURCE_KEYS = {"name", "kind", "path", "media_root", "sample_type", "weight", "subflavors"}
+# Subflavors the training mix sets itself on every source's blend entry.
+RESERVED_SUBFLAVORS = ("sample_type", "source")
 _ADD_SOURCES = (
     "add a `sources:` list, e.g. `sources: [{name: my_data, kind: jsonl, path: ./train.jsonl}]` "
     f"(kind: one of {', '.join(SOURCE_KINDS)}), or an `inbox:` directory to drop sources into"
@@ -338,8 +348,32 @@ def _parse_sources(reader: _Reader, raw: Any, inbox_given: bool) -> tuple[Source
             media_root = _existing(reader, data, "media_root", key)
         else:
             media_root = path.parent if kind == "jsonl" else path
-        sources.append(SourceConfig(name=name, kind=kind, path=path, media_root=media_root))
+        sources.append(SourceConfig(
+            name=name, kind=kind, path=path, media_root=media_root,
+            sample_type=reader.choice(data, "sample_type", key, "", SAMPLE_TYPES) if "sample_type" in data else None,
+            weight=_weight(reader, data, key),
+            subflavors=_subflavors(reader, data.get("subflavors"), f"{key}.subflavors"),
+        ))
+    if sources and not any(source.weight for source in sources):
+        raise reader.fail("sources[*].weight", "every source has weight 0; at least one needs a positive weight")
     return tuple(sources)
+
+
+def _weight(reader: _Reader, data: dict[str, Any], key: str) -> float:
+    weight = reader.number(data, "weight", key, SourceConfig.weight)
+    if not math.isfinite(weight) or weight < 0:
+        raise reader.fail(f"{key}.weight", f"must be a finite number >= 0, got {data['weight']!r}")
+    return weight
+
+
+def _subflavors(reader: _Reader, raw: Any, key: str) -> dict[str, Any]:
+    subflavors = reader.mapping(raw, key)
+    for name, value in subflavors.items():
+        if not isinstance(name, str) or name in RESERVED_SUBFLAVORS:
+            raise reader.fail(f"{key}.{name}", f"a subflavor name other than {', '.join(RESERVED_SUBFLAVORS)} (set by the training mix)")
+        if isinstance(value, (dict, list)) or value is None:
+            raise reader.fail(f"{key}.{name}", f"expected a string, number or boolean, got {value!r}")
+    return dict(subflavors)
 
 
 def _existing(reader: _Reader, data: dict[str, Any], name: str, key: str) -> Path:
