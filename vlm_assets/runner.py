@@ -202,10 +202,12 @@ def _worker_init(parent_pid: int, config_path: str) -> None:
 
     def watch_parent() -> None:
         # If the CLI is killed (kill -9 included) its workers go too, as one would expect of a
-        # foreground command; their runs are then failed by the next sweep.
+        # foreground command; their runs are then failed by the next sweep. The whole process
+        # group goes: a step's helpers (Dagster's compute-log `tail -F`, started just before its
+        # own orphan watcher) would otherwise outlive it and hold the CLI's stdout open.
         while os.getppid() == parent_pid:
             time.sleep(PARENT_WATCH_S)
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch_parent, daemon=True, name="watch-parent").start()
 
