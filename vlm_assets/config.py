@@ -30,6 +30,14 @@ class ConfigError(ValueError):
     """A configuration problem, with the file and key it concerns."""
 
 
+# Per-record limits (docs/formats.md §2.1): far above any real record, low enough that one hostile
+# record cannot exhaust memory or the parser's stack. The depth bound keeps Python's JSON parser
+# clear of its recursion limit, so a deeper record is refused by our check, never by a crash.
+DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_JSON_DEPTH = 100
+MAX_JSON_DEPTH_BOUND = 500
+
+
 @dataclass(frozen=True)
 class SourceConfig:
     name: str
@@ -40,6 +48,11 @@ class SourceConfig:
     sample_type: str | None = None  # None: the global `sample.sample_type`
     weight: float = 1.0  # relative share of drawn bins in the metadataset blend; 0 leaves the source out
     subflavors: dict[str, Any] = field(default_factory=dict, hash=False)  # passed through to Energon
+    # Input limits (docs/formats.md §2.4): directories besides the source's own and media_root that
+    # media may come from, and the largest / most deeply nested record accepted.
+    allowed_roots: tuple[Path, ...] = ()
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
 
 
 @dataclass(frozen=True)
@@ -120,7 +133,8 @@ _SECTION_KEYS = {
     "package": {"name", "compress", "include", "hyperparameters", "train_command"},
 }
 _TOP_KEYS = set(_SECTION_KEYS) | {"inbox", "inbox_require_ready_marker", "sources"}
-_SOURCE_KEYS = {"name", "kind", "path", "media_root", "sample_type", "weight", "subflavors"}
+_SOURCE_KEYS = {"name", "kind", "path", "media_root", "sample_type", "weight", "subflavors",
+                "allowed_roots", "max_record_bytes", "max_json_depth"}
 # Subflavors the training mix sets itself on every source's blend entry.
 RESERVED_SUBFLAVORS = ("sample_type", "source")
 _ADD_SOURCES = (
@@ -353,6 +367,9 @@ def _parse_sources(reader: _Reader, raw: Any, inbox_given: bool) -> tuple[Source
             sample_type=reader.choice(data, "sample_type", key, "", SAMPLE_TYPES) if "sample_type" in data else None,
             weight=_weight(reader, data, key),
             subflavors=_subflavors(reader, data.get("subflavors"), f"{key}.subflavors"),
+            allowed_roots=_allowed_roots(reader, data, key),
+            max_record_bytes=reader.integer(data, "max_record_bytes", key, DEFAULT_MAX_RECORD_BYTES),
+            max_json_depth=_max_json_depth(reader, data, key),
         ))
     if sources and not any(source.weight for source in sources):
         raise reader.fail("sources[*].weight", "every source has weight 0; at least one needs a positive weight")
@@ -374,6 +391,29 @@ def _subflavors(reader: _Reader, raw: Any, key: str) -> dict[str, Any]:
         if isinstance(value, (dict, list)) or value is None:
             raise reader.fail(f"{key}.{name}", f"expected a string, number or boolean, got {value!r}")
     return dict(subflavors)
+
+
+def _allowed_roots(reader: _Reader, data: dict[str, Any], key: str) -> tuple[Path, ...]:
+    raw = data.get("allowed_roots", [])
+    if not isinstance(raw, list):
+        raise reader.fail(f"{key}.allowed_roots", f"expected a list of directories, got {raw!r}")
+    roots = []
+    for index, item in enumerate(raw):
+        item_key = f"{key}.allowed_roots[{index}]"
+        if not isinstance(item, str) or not item:
+            raise reader.fail(item_key, f"expected a directory path, got {item!r}")
+        root = reader.resolve(item)
+        if not root.is_dir():
+            raise reader.fail(item_key, f"{root} is not an existing directory")
+        roots.append(root)
+    return tuple(roots)
+
+
+def _max_json_depth(reader: _Reader, data: dict[str, Any], key: str) -> int:
+    depth = reader.integer(data, "max_json_depth", key, DEFAULT_MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH_BOUND:
+        raise reader.fail(f"{key}.max_json_depth", f"must be <= {MAX_JSON_DEPTH_BOUND}, got {depth}")
+    return depth
 
 
 def _existing(reader: _Reader, data: dict[str, Any], name: str, key: str) -> Path:
