@@ -1,14 +1,13 @@
 """Resources shared by every domain: the user's config, the storage layout under it, and the HF processor."""
 
 import contextlib
-import json
 from collections.abc import Iterable, Iterator
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any
 
 import dagster as dg
 
-from vlm_assets.config import AppConfig, ConfigError, ModelConfig, SourceConfig, load_config
+from vlm_assets.config import AppConfig, ConfigError, SourceConfig, load_config
 from vlm_assets.fingerprints import Fingerprints
 from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
@@ -24,7 +23,7 @@ FINGERPRINT_KEY = "fingerprint"
 def versioned(metadata: dict[str, Any], fingerprint: str) -> dict[str, Any]:
     """MaterializeResult arguments that record `fingerprint` as data version and in the metadata."""
     return {"metadata": {**metadata, FINGERPRINT_KEY: fingerprint}, "data_version": dg.DataVersion(fingerprint)}
-from vlm_assets.tokens.processor import load_processor, processor_fingerprint
+from vlm_assets.tokens.processor import processor_fingerprint, shared_processor
 
 
 class VlmConfig(dg.ConfigurableResource):
@@ -82,13 +81,7 @@ class HFProcessor(dg.ConfigurableResource):
 
     def load(self) -> Any:
         model = self.vlm_config.app.model
-        return _cached_processor(model.processor, json.dumps(model.processor_kwargs, sort_keys=True))
+        return shared_processor(model)
 
     def fingerprint(self) -> str:
         return processor_fingerprint(self.vlm_config.app.model)
-
-
-@lru_cache(maxsize=4)
-def _cached_processor(processor: str, kwargs_json: str) -> Any:
-    """Loading takes seconds; every asset and check of a run shares one instance per setting."""
-    return load_processor(ModelConfig(processor=processor, processor_kwargs=json.loads(kwargs_json)))

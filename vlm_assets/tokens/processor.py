@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +154,16 @@ def load_processor(model: ModelConfig, cache_dir: Path | None = None) -> Any:
 
     directory = processor_dir(model, cache_dir)
     return AutoProcessor.from_pretrained(str(directory), local_files_only=True, **_current_kwargs(model.processor_kwargs))
+
+
+def shared_processor(model: ModelConfig) -> Any:
+    """The processor for `model`, loaded once per process and setting (loading takes seconds)."""
+    return _cached_processor(model.processor, json.dumps(model.processor_kwargs, sort_keys=True))
+
+
+@lru_cache(maxsize=4)
+def _cached_processor(processor: str, kwargs_json: str) -> Any:
+    return load_processor(ModelConfig(processor=processor, processor_kwargs=json.loads(kwargs_json)))
 
 
 def _current_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -4,18 +4,20 @@
 import random
 
 import dagster as dg
+import numpy as np
 import pandas as pd
 
 from vlm_assets.atomic import write_parquet
 from vlm_assets.catalog.build import MediaValidator, build_catalog, read_catalog
 from vlm_assets.catalog.media_checks import MediaCheckLog
-from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
+from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
 from vlm_assets.tokens.histogram import length_histogram_md
-from vlm_assets.tokens.lengths import LengthCounter, LengthResult, SampleForLength
+from vlm_assets.parallel import step_processes
+from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
+from vlm_assets.tokens.table import write_length_table
 from vlm_assets.wording import plural
 
-LENGTH_BATCH = 512
 CHECK_SAMPLE_SIZE = 24
 
 
@@ -89,34 +91,27 @@ def sample_lengths(
     source = context.partition_key
     fingerprint = vlm_config.fingerprints.of("sample_lengths", source)
     path = vlm_config.layout.lengths(source)
+
+    def progress(done: int, total: int) -> None:
+        context.log.info(f"{source}: token lengths {done}/{total}")
+
     with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source)]):
-        catalog = read_catalog(vlm_config.layout.catalog(source))
-        counter = LengthCounter(hf_processor.load(), app.frame_cache)
-        ok = catalog[catalog.status == STATUS_OK]
-        samples = _samples_for_length(ok)
-        computed: dict[str, LengthResult] = {}
-        for start in range(0, len(samples), LENGTH_BATCH):
-            for result in counter.fast_many(samples[start:start + LENGTH_BATCH]):
-                computed[result.sample_id] = result
-            context.log.info(f"{source}: token lengths {min(start + LENGTH_BATCH, len(samples))}/{len(samples)}")
-        rows = []
-        for row in catalog.itertuples(index=False):
-            result = computed.get(row.sample_id) or LengthResult.rejected(row.sample_id, row.reason)
-            rows.append([getattr(result, column) for column in LENGTH_COLUMNS])
-        frame = pd.DataFrame(rows, columns=list(LENGTH_COLUMNS))
-        write_parquet(frame, path)
-    good = frame[frame.status == STATUS_OK]
-    over = int((good.token_len > app.sample.max_token_len).sum())
+        summary = write_length_table(
+            vlm_config.layout.catalog(source), path, app.model, app.frame_cache, step_processes(), progress
+        )
+    lengths = summary.ok_token_lens
+    over = int((lengths > app.sample.max_token_len).sum())
     return dg.MaterializeResult(**versioned({
         "path": dg.MetadataValue.path(str(path)),
-        "samples": len(frame),
-        "ok": len(good),
-        "rejected": int(len(frame) - len(good)),
-        "total_tokens": int(good.token_len.sum()),
-        "median_tokens": float(good.token_len.median()) if len(good) else 0.0,
-        "max_tokens": int(good.token_len.max()) if len(good) else 0,
+        "samples": summary.samples,
+        "ok": len(lengths),
+        "rejected": summary.samples - len(lengths),
+        "total_tokens": int(lengths.sum()),
+        "median_tokens": float(np.median(lengths)) if len(lengths) else 0.0,
+        "max_tokens": int(lengths.max()) if len(lengths) else 0,
         "over_max_token_len": over,
-        "length_histogram": dg.MetadataValue.md(length_histogram_md(good.token_len, app.sample.max_token_len)),
+        "length_histogram": dg.MetadataValue.md(length_histogram_md(lengths, app.sample.max_token_len)),
+        "processes": summary.processes,
         "processor": app.model.processor,
         "processor_fingerprint": hf_processor.fingerprint(),
     }, fingerprint))

@@ -1,0 +1,68 @@
+"""Ordered fan-out of chunks of one step's work to worker processes.
+
+One big source is one partition, so its heavy per-sample work would otherwise run on one core.
+The step splits it into chunks, hands them to a pool of processes and consumes the results in
+input order, so the output is the same whatever the number of processes. At most a few chunks
+per process are in flight: memory stays bounded by the chunk size, not by the source's size.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any, TypeVar
+
+STEP_PROCESSES_ENV_VAR = "VLM_ASSETS_STEP_PROCESSES"
+CHUNKS_IN_FLIGHT_PER_PROCESS = 2
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def step_processes() -> int:
+    """Processes one step may use: `$VLM_ASSETS_STEP_PROCESSES`, else every core of this machine."""
+    value = os.environ.get(STEP_PROCESSES_ENV_VAR, "").strip()
+    if value:
+        try:
+            processes = int(value)
+        except ValueError:
+            raise ValueError(f"{STEP_PROCESSES_ENV_VAR} must be a whole number of processes, not {value!r}") from None
+        if processes < 1:
+            raise ValueError(f"{STEP_PROCESSES_ENV_VAR} must be at least 1, not {processes}")
+        return processes
+    return len(os.sched_getaffinity(0))
+
+
+def ordered_map(
+    function: Callable[[Item], Result],
+    chunks: Iterable[Item],
+    processes: int,
+    initializer: Callable[..., None],
+    initargs: tuple[Any, ...] = (),
+) -> Iterator[Result]:
+    """`function` over `chunks`, results in input order, on `processes` spawned processes.
+
+    `initializer(*initargs)` prepares each process (for example loads a model once). With one
+    process everything runs here, without the start-up cost of a pool.
+    """
+    if processes <= 1:
+        initializer(*initargs)
+        yield from map(function, chunks)
+        return
+    # spawn, not fork: the caller may hold threads (Dagster's, a decoder's) that fork would copy mid-state.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=processes, mp_context=context, initializer=initializer, initargs=initargs) as pool:
+        pending: deque[Future[Result]] = deque()
+        try:
+            for chunk in chunks:
+                pending.append(pool.submit(function, chunk))
+                if len(pending) >= processes * CHUNKS_IN_FLIGHT_PER_PROCESS:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            # A failed chunk (or a consumer that stops early) ends the step: queued chunks are dropped.
+            pool.shutdown(cancel_futures=True)
