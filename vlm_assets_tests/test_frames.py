@@ -25,8 +25,8 @@ from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig
 from vlm_assets.frames import cli as frames_cli
 from vlm_assets.frames.decode import FrameResizer, decode_sampled_frames, opened_video, should_seek
 from vlm_assets.frames.index import verify_coverage, verify_shard, write_index
-from vlm_assets.frames.plan import KnownFrames, extend_plan, load_frames_source, read_plan, shard_members, write_plan
-from vlm_assets.frames.probe import VideoError, probe_video, sample_indices
+from vlm_assets.frames.plan import extend_plan, load_frames_source, read_plan, shard_members, write_plan
+from vlm_assets.frames.probe import SampledFrames, VideoError, probe_video, sample_indices
 from vlm_assets.frames.reader import FrameCacheReader
 from vlm_assets.frames.shard import done_path, ensure_shard, tar_path
 
@@ -329,7 +329,7 @@ def test_tar_refs_and_seed_frames_source_import(clips, tmp_path):
     source_file = tmp_path / "video_frames_source.jsonl"
     source_file.write_text(json.dumps({"video": "clips/a.mp4", "total_frames": 30, "fps": 25.0, "frame_indices": [1, 2, 3, 4, 5, 6, 7, 8]}) + "\n")
     known = load_frames_source(source_file, "seed", tmp_path)
-    assert known == {"seed/clips/a.mp4": KnownFrames(30, 25.0, [1, 2, 3, 4, 5, 6, 7, 8])}
+    assert known == {"seed/clips/a.mp4": SampledFrames(30, 25.0, [1, 2, 3, 4, 5, 6, 7, 8])}
     plan, summary = build_cache(tmp_path / "cache", [("wds/clip.mp4", ref)])
     assert summary.records == 1
     assert [frame_number(f) for f in FrameCacheReader(tmp_path / "cache").read("wds/clip.mp4")] == plan[0].frame_indices

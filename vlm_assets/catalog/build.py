@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -15,6 +16,9 @@ from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTE
 from vlm_assets.catalog.sources import RawRecord, ResolvedMedia, read_source
 from vlm_assets.config import SourceConfig
 
+if TYPE_CHECKING:
+    from vlm_assets.frames.spool import MosaicSpool
+
 ProgressCallback = Callable[[int], None]
 
 
@@ -23,12 +27,17 @@ class MediaValidator:
 
     Videos are decoded at the frames the frame cache samples (`num_frames`), so a video that
     passes here also passes token counting and frame extraction. With a `check_log`, media that
-    passed in an earlier build and have not changed since are not decoded again.
+    passed in an earlier build and have not changed since are not decoded again. With a
+    `mosaic_spool`, that one decode also renders the video's frame-cache mosaic and keeps it for
+    the frame-cache plan and shards, so they need not decode the video again.
     """
 
-    def __init__(self, num_frames: int = 64, check_log: MediaCheckLog | None = None) -> None:
+    def __init__(
+        self, num_frames: int = 64, check_log: MediaCheckLog | None = None, mosaic_spool: MosaicSpool | None = None
+    ) -> None:
         self.num_frames = num_frames
         self.check_log = check_log
+        self.mosaic_spool = mosaic_spool
         self.decoded = 0
         self.remembered = 0
         self._errors: dict[str, str] = {}
@@ -49,7 +58,7 @@ class MediaValidator:
                 self.remembered += 1
                 return ""
         self.decoded += 1
-        error = _image_error(ref) if kind == "image" else _video_error(ref, self.num_frames)
+        error = _image_error(ref) if kind == "image" else _video_error(ref, self.num_frames, self.mosaic_spool)
         if not error and fingerprint and self.check_log is not None:
             self.check_log.record_pass(ref, fingerprint)
         return error
@@ -69,13 +78,16 @@ def _image_error(ref: str) -> str:
 VALIDATION_FRAME_SIZE = 28
 
 
-def _video_error(ref: str, num_frames: int) -> str:
-    from vlm_assets.frames.decode import decode_sampled_frames
-    from vlm_assets.frames.probe import probe_video, sample_indices
+def _video_error(ref: str, num_frames: int, mosaic_spool: MosaicSpool | None) -> str:
+    from vlm_assets.frames.decode import FrameResizer, read_sampled_frames
 
     try:
-        probe = probe_video(ref)
-        decode_sampled_frames(ref, probe, sample_indices(probe.total_frames, num_frames), VALIDATION_FRAME_SIZE)
+        if mosaic_spool is not None:
+            mosaic_spool.render(ref)
+        else:
+            # Converting each frame (tiny) proves the scaler handles its pixel format too.
+            resize = FrameResizer(VALIDATION_FRAME_SIZE)
+            read_sampled_frames(ref, num_frames, lambda _index, frame: resize(frame))
     except Exception as error:  # PyAV raises FFmpeg errors of many types
         return f"{type(error).__name__}: {error}"
     return ""

@@ -4,20 +4,32 @@ Seeking costs a decoder flush plus decoding from the keyframe before the target,
 pays when the target lies past the next keyframe; otherwise decoding forward and picking is
 cheaper. Frames are identified by presentation timestamp, so variable frame rate and
 B-frame reordering cannot shift an index.
+
+Index i means the i-th frame a full front-to-back decode yields. The demuxed count is checked
+while decoding: a frame missing between two decoded ones, or any frame after the last one
+counted, sends the video through a full decode, whose count then decides the sampled indices.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
 from vlm_assets.catalog.media import describe_ref
-from vlm_assets.frames.probe import VideoError, VideoProbe, open_video
+from vlm_assets.frames.probe import (
+    SampledFrames,
+    VideoError,
+    VideoProbe,
+    open_video,
+    probe_video,
+    sample_indices,
+)
 
 DEFAULT_DECODER_THREADS = 1
 
@@ -43,7 +55,15 @@ def opened_video(ref: str, threads: int = DEFAULT_DECODER_THREADS) -> Iterator[t
 
 
 class _TimestampMismatch(Exception):
-    """Decoded timestamps disagree with the demuxed ones (e.g. AVI packed B-frames)."""
+    """Decoded timestamps disagree with the demuxed ones (e.g. AVI packed B-frames, frames the decoder drops)."""
+
+
+class FrameCountMismatch(VideoError):
+    """A full decode yields a different number of frames than demuxing counted."""
+
+    def __init__(self, name: str, counted: int, decoded_frames: int) -> None:
+        super().__init__(f"{name}: decoding yields {decoded_frames} frames, demuxing counted {counted}")
+        self.decoded_frames = decoded_frames
 
 
 def iter_sampled_frames(
@@ -58,6 +78,8 @@ def iter_sampled_frames(
     Frames are located by timestamp (seeking where it pays). If the decoder's timestamps turn
     out unreliable, every index is decoded again by counting frames from the start, which
     can yield an index a second time; consumers keep the last frame per index.
+    When the last index is the video's last frame, the count is proven too: FrameCountMismatch
+    (after the frames) says how many frames a full decode yields.
     """
     targets = sorted(set(indices))
     if targets and targets[-1] >= probe.total_frames:
@@ -69,7 +91,7 @@ def iter_sampled_frames(
                 return
             except _TimestampMismatch:
                 container.seek(0, backward=True)
-        yield from _by_counting(container.decode(stream), targets, name)
+        yield from _by_counting(container.decode(stream), targets, name, probe.total_frames)
     except av.error.FFmpegError as error:
         raise VideoError(f"{name}: decoding failed: {error}") from error
 
@@ -94,26 +116,38 @@ def _by_timestamp(
             if frame is None:
                 raise VideoError(f"{name}: stream ended before frame {target} (truncated?)")
             index = index_of_pts.get(frame.pts)
-            if index is None or index > target or (index <= position and not just_sought):
+            # Decoding on must give the very next frame: a gap is a frame the decoder drops,
+            # which a front-to-back decode would not count.
+            if index is None or index > target or (index != position + 1 and not just_sought):
                 raise _TimestampMismatch
             just_sought = False
             position = index
             if index == target:
                 yield target, frame
                 break
+    if targets and targets[-1] == probe.total_frames - 1 and frames is not None and next(frames, None) is not None:
+        raise _TimestampMismatch  # frames beyond the last one counted
 
 
-def _by_counting(frames: Iterator[av.VideoFrame], targets: list[int], name: str) -> Iterator[tuple[int, av.VideoFrame]]:
+def _by_counting(
+    frames: Iterator[av.VideoFrame], targets: list[int], name: str, counted: int
+) -> Iterator[tuple[int, av.VideoFrame]]:
+    """Pick `targets` by position in decode output; decoding on to the end when the last target is the last counted frame."""
+    prove_count = bool(targets) and targets[-1] == counted - 1
     wanted = iter(targets)
     target = next(wanted, None)
-    for index, frame in enumerate(frames):
-        if target is None:
+    decoded = 0
+    for frame in frames:
+        if target is None and not prove_count:
             return
-        if index == target:
+        if decoded == target:
             yield target, frame
             target = next(wanted, None)
-    if target is not None:
-        raise VideoError(f"{name}: stream ended before frame {target} (truncated?)")
+        decoded += 1
+    if decoded == 0:
+        raise VideoError(f"{name}: no frame decodes")
+    if decoded != counted and (prove_count or target is not None):
+        raise FrameCountMismatch(name, counted, decoded)
 
 
 class FrameResizer:
@@ -149,3 +183,36 @@ def decode_sampled_frames(
         for index, frame in iter_sampled_frames(container, stream, probe, indices, name):
             by_index[index] = resize(frame)
     return [by_index[index] for index in indices]
+
+
+def read_sampled_frames(
+    ref: str,
+    num_frames: int,
+    on_frame: Callable[[int, av.VideoFrame], None],
+    planned: SampledFrames | None = None,
+    threads: int = DEFAULT_DECODER_THREADS,
+) -> SampledFrames:
+    """Decode a video's sampled frames into `on_frame(index, frame)`; returns its proven count and the indices used.
+
+    The indices are `planned`'s when given, else spread over the demuxed count. When a full
+    decode yields another count, sampled indices are spread over that count and decoded again
+    by position (`on_frame` sees the new indices; keep the last frame per index). Indices
+    imported from elsewhere that the decoded count contradicts are an error.
+    """
+    probe = probe_video(ref)
+    name = describe_ref(ref)
+    sampled = planned or SampledFrames(probe.total_frames, probe.fps, sample_indices(probe.total_frames, num_frames))
+    try:
+        with opened_video(ref, threads) as (container, stream):
+            for index, frame in iter_sampled_frames(container, stream, probe, sampled.frame_indices, name):
+                on_frame(index, frame)
+        return sampled
+    except FrameCountMismatch as mismatch:
+        if sampled.frame_indices != sample_indices(sampled.total_frames, num_frames):
+            raise
+        decoded = replace(probe, total_frames=mismatch.decoded_frames, timestamps_reliable=False)
+    resampled = SampledFrames(decoded.total_frames, probe.fps, sample_indices(decoded.total_frames, num_frames))
+    with opened_video(ref, threads) as (container, stream):
+        for index, frame in iter_sampled_frames(container, stream, decoded, resampled.frame_indices, name):
+            on_frame(index, frame)
+    return resampled

@@ -19,7 +19,12 @@ from vlm_assets.atomic import atomic_write_text
 from vlm_assets.catalog.media import is_tar_ref
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.config import FrameCacheConfig, SourceConfig
-from vlm_assets.frames.probe import VideoError, probe_video, sample_indices
+from vlm_assets.frames.probe import (
+    SampledFrames,
+    VideoError,
+    probe_video,
+    sample_indices,
+)
 
 PLAN_FILE = "plan.jsonl"
 FRAMES_SOURCE_FILE = "video_frames_source.jsonl"
@@ -35,15 +40,6 @@ class PlannedVideo:
     fps: float = 0.0
     frame_indices: list[int] = field(default_factory=list)
     error: str = ""  # why planning failed ("" when the video is to be decoded)
-
-
-@dataclass(frozen=True)
-class KnownFrames:
-    """Frame count, rate and indices imported from a precomputed video_frames_source.jsonl."""
-
-    total_frames: int
-    fps: float
-    frame_indices: list[int]
 
 
 def shard_key(number: int) -> str:
@@ -96,13 +92,15 @@ def extend_plan(
     plan: list[PlannedVideo],
     videos: Iterable[tuple[str, str]],
     config: FrameCacheConfig,
-    known: Mapping[str, KnownFrames] | None = None,
+    known: Mapping[str, SampledFrames] | None = None,
     on_probe: Callable[[int, PlannedVideo], None] | None = None,
+    decoded: Callable[[str], SampledFrames | None] | None = None,
 ) -> tuple[list[PlannedVideo], int]:
     """Append the (key, ref) pairs not yet planned; returns the plan and how many videos were added.
 
-    Keys of an already planned file are attached to it; new files are probed (or taken from
-    `known`) and placed after every existing video.
+    Keys of an already planned file are attached to it; new files are placed after every
+    existing video with their frames taken from `known` (by key), else from `decoded(ref)` (what
+    an earlier decode of the unchanged file found), else from probing.
     """
     plan = [PlannedVideo(**asdict(video)) for video in plan]
     by_identity = {file_identity(video.ref): video for video in plan}
@@ -120,7 +118,7 @@ def extend_plan(
         shard = _shard_for_next(shard_sizes, config.videos_per_shard)
         shard_sizes[shard] = shard_sizes.get(shard, 0) + 1
         video = PlannedVideo(video_id=f"v{len(plan):08d}", ref=ref, keys=[key], shard=shard)
-        _fill_frames(video, config.num_frames, (known or {}).get(key))
+        _fill_frames(video, config.num_frames, (known or {}).get(key), decoded)
         plan.append(video)
         by_identity[identity] = video
         added += 1
@@ -138,13 +136,19 @@ def _shard_for_next(shard_sizes: dict[str, int], videos_per_shard: int) -> str:
     return shard_key(int(last.split("-")[1]) + 1)
 
 
-def _fill_frames(video: PlannedVideo, num_frames: int, known: KnownFrames | None) -> None:
+def _fill_frames(
+    video: PlannedVideo, num_frames: int, known: SampledFrames | None, decoded: Callable[[str], SampledFrames | None] | None
+) -> None:
     try:
         if known is not None:
             video.total_frames, video.fps = known.total_frames, known.fps
             indices = known.frame_indices
             valid = len(indices) == num_frames and all(0 <= i < known.total_frames for i in indices)
             video.frame_indices = list(indices) if valid else sample_indices(known.total_frames, num_frames)
+            return
+        found = decoded(video.ref) if decoded is not None else None
+        if found is not None:
+            video.total_frames, video.fps, video.frame_indices = found.total_frames, found.fps, list(found.frame_indices)
             return
         probe = probe_video(video.ref)
         video.total_frames, video.fps = probe.total_frames, probe.fps
@@ -158,13 +162,13 @@ _TOTAL_FIELDS = ("total_frames", "frame_count", "num_frames_total", "total")
 _INDEX_FIELDS = ("frame_indices", "indices", "sample_indices", "frame_idx")
 
 
-def load_frames_source(path: Path, source: str, media_root: Path) -> dict[str, KnownFrames]:
+def load_frames_source(path: Path, source: str, media_root: Path) -> dict[str, SampledFrames]:
     """Read a video_frames_source.jsonl of precomputed frame counts: per line a video path, total frames, fps, indices.
 
     Paths may be relative to `media_root` or absolute below it; results are keyed by media key
     `<source>/<relative path>`. A line without a path or a frame count is an error naming the line.
     """
-    known: dict[str, KnownFrames] = {}
+    known: dict[str, SampledFrames] = {}
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -178,5 +182,5 @@ def load_frames_source(path: Path, source: str, media_root: Path) -> dict[str, K
             if relative.is_absolute():
                 relative = relative.relative_to(media_root)
             indices = next((record[name] for name in _INDEX_FIELDS if name in record), [])
-            known[f"{source}/{relative.as_posix()}"] = KnownFrames(total, float(record.get("fps", 0.0)), list(indices))
+            known[f"{source}/{relative.as_posix()}"] = SampledFrames(total, float(record.get("fps", 0.0)), list(indices))
     return known

@@ -1,8 +1,10 @@
 """What a video holds: its frames in presentation order, keyframes and frame rate.
 
-Container headers lie (MKV reports 0 frames, a corrupted MP4 claims frames it cannot
-decode), so the count comes from demuxing the video stream's packets, which is cheap
-(no decoding). The shard builder then proves each sampled frame by decoding it.
+Container headers lie (MKV reports 0 frames, an AVI counts its zero-size "repeat the previous
+frame" entries, a corrupted MP4 claims frames it cannot decode), so the count comes from
+demuxing the video stream's packets, which is cheap (no decoding). It is a first estimate: the
+decoding pass (`vlm_assets.frames.decode.read_sampled_frames`) checks it against what the decoder
+actually yields and the count a full decode gives wins.
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ class VideoProbe:
     frame_pts: tuple[int, ...]  # presentation timestamps; frame i has the i-th smallest
     keyframes: tuple[int, ...]  # frame indices (presentation order) of keyframes, ascending
     timestamps_reliable: bool  # False: locate frames by counting from the start, never by seeking
+
+
+@dataclass(frozen=True)
+class SampledFrames:
+    """A video's frame count (as a full decode yields it), frame rate, and the frame indices sampled from it."""
+
+    total_frames: int
+    fps: float
+    frame_indices: list[int]
 
 
 def sample_indices(total_frames: int, num_frames: int) -> list[int]:
@@ -57,6 +68,7 @@ def probe_video(ref: str) -> VideoProbe:
     try:
         with handle, container:
             stream = container.streams.video[0]
+            indexed_at_open = len(stream.index_entries)
             pts_and_key: list[tuple[int | None, bool]] = []
             try:
                 for packet in container.demux(stream):
@@ -71,7 +83,9 @@ def probe_video(ref: str) -> VideoProbe:
                 raise VideoError(f"{describe_ref(ref)}: video has no frames")
             known_pts = [pts for pts, _ in pts_and_key if pts is not None]
             if known_pts:
-                _check_complete(ref, stream, len(pts_and_key), max(known_pts) - min(known_pts))
+                span = max(known_pts) - min(known_pts)
+                slots = span + 1 if _is_avi(container) else len(pts_and_key)
+                _check_complete(ref, stream, slots, indexed_at_open == len(pts_and_key), span)
             reliable = _timestamps_reliable(container, pts_and_key)
             if reliable:
                 pts_and_key.sort()
@@ -83,10 +97,17 @@ def probe_video(ref: str) -> VideoProbe:
         raise VideoError(f"{describe_ref(ref)}: {error}") from error
 
 
-def _check_complete(ref: str, stream: av.video.stream.VideoStream, packets: int, pts_span: int) -> None:
-    """Reject a file cut short: fewer frames than its header lists, or ending before its track duration."""
-    if stream.frames and packets < stream.frames:
-        raise VideoError(f"{describe_ref(ref)}: truncated: header lists {stream.frames} frames, only {packets} present")
+def _check_complete(ref: str, stream: av.video.stream.VideoStream, slots: int, index_matches: bool, pts_span: int) -> None:
+    """Reject a file cut short: fewer frames than its header lists, or ending before its track duration.
+
+    `slots` counts the frame positions the packets cover: in an AVI a zero-size entry ("repeat
+    the previous frame") holds a position but no packet, so there it is the timestamp span. A
+    header count above `slots` is only a cut when the container's own index (read at open)
+    does not list exactly the packets demuxed: an intact index with fewer packets than the
+    header means the header counts entries that carry no frame (trailing repeats, a wrong total).
+    """
+    if stream.frames and slots < stream.frames and not index_matches:
+        raise VideoError(f"{describe_ref(ref)}: truncated: header lists {stream.frames} frames, only {slots} present")
     declared = _duration_tag_seconds(stream.metadata.get("DURATION", ""))
     if declared is None or not stream.time_base:
         return
@@ -105,9 +126,13 @@ def _duration_tag_seconds(tag: str) -> float | None:
         return None
 
 
+def _is_avi(container: av.container.InputContainer) -> bool:
+    return "avi" in container.format.name.split(",")
+
+
 def _timestamps_reliable(container: av.container.InputContainer, pts_and_key: list[tuple[int | None, bool]]) -> bool:
     """Whether presentation timestamps identify frames (AVI only guesses them from packet order)."""
-    if "avi" in container.format.name.split(","):
+    if _is_avi(container):
         return False
     pts = [value for value, _ in pts_and_key]
     return None not in pts and len(set(pts)) == len(pts)

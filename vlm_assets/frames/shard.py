@@ -11,22 +11,21 @@ import hashlib
 import io
 import json
 import tarfile
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import av
-import numpy as np
 
 from vlm_assets.atomic import atomic_path, atomic_write_text
 from vlm_assets.catalog.media import describe_ref
 from vlm_assets.config import FrameCacheConfig
-from vlm_assets.frames.decode import DEFAULT_DECODER_THREADS, FrameResizer, iter_sampled_frames, opened_video
-from vlm_assets.frames.mosaic import encode_jpeg, mosaic_canvas, place_tile
+from vlm_assets.frames.decode import DEFAULT_DECODER_THREADS
+from vlm_assets.frames.mosaic import mosaic_canvas
 from vlm_assets.frames.plan import PlannedVideo
-from vlm_assets.frames.probe import VideoError, probe_video
+from vlm_assets.frames.probe import SampledFrames, VideoError
+from vlm_assets.frames.render import mosaic_settings, render_mosaic
+from vlm_assets.frames.spool import MosaicSpool
 
 TAR_BLOCK = 512
 TAR_COPY_BUFFER = 1 << 20  # tarfile's 16 KB default makes ~500 writes per mosaic
@@ -83,7 +82,7 @@ def done_path(cache_dir: Path, shard: str) -> Path:
 def plan_digest(videos: list[PlannedVideo], config: FrameCacheConfig) -> str:
     """Fingerprint of what the shard's bytes depend on (not the media keys, which only the index uses)."""
     content = {
-        "settings": [config.num_frames, config.frame_size, config.rows, config.cols, config.jpeg_quality],
+        "settings": mosaic_settings(config),
         "videos": [[video.video_id, video.ref, video.frame_indices, video.error] for video in videos],
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
@@ -110,12 +109,13 @@ def ensure_shard(
     config: FrameCacheConfig,
     threads: int = DEFAULT_DECODER_THREADS,
     on_video: Callable[[int, PlannedVideo, str], None] | None = None,
+    spool: MosaicSpool | None = None,
 ) -> tuple[ShardRecord, bool]:
     """Reuse the shard if complete and current, else build it; returns (record, reused)."""
     record = load_done_shard(cache_dir, shard, videos, config)
     if record is not None:
         return record, True
-    return build_shard(cache_dir, shard, videos, config, threads, on_video), False
+    return build_shard(cache_dir, shard, videos, config, threads, on_video, spool), False
 
 
 def build_shard(
@@ -125,9 +125,12 @@ def build_shard(
     config: FrameCacheConfig,
     threads: int = DEFAULT_DECODER_THREADS,
     on_video: Callable[[int, PlannedVideo, str], None] | None = None,
+    spool: MosaicSpool | None = None,
 ) -> ShardRecord:
     """Write the shard's tar (temp name, then rename) and then its done record.
 
+    Mosaics the catalogue already rendered are taken from `spool` (and removed from it once the
+    done record is written); the other videos are decoded here.
     `on_video(done_count, video, error)` is called after each video ("" when it succeeded).
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -143,58 +146,24 @@ def build_shard(
             for count, video in enumerate(videos, 1):
                 error = video.error
                 if not error:
+                    planned = SampledFrames(video.total_frames, video.fps, video.frame_indices)
                     try:
-                        jpeg = render_mosaic(video, config, threads, canvas)
+                        spooled = spool.mosaic(video.ref, video.frame_indices) if spool else None
+                        jpeg, sampled = spooled or render_mosaic(video.ref, config, planned, threads, canvas)
                     except (VideoError, OSError, av.error.FFmpegError) as failure:
                         error = _failure_message(video, failure)
                 if error:
                     failures.append(ShardFailure(video.video_id, error))
                 else:
-                    entries.append(_append_member(tar, video, jpeg))
+                    entries.append(_append_member(tar, video, jpeg, sampled))
                 if on_video is not None:
                     on_video(count, video, error)
         tar_bytes = temporary.stat().st_size
     record = ShardRecord(shard, plan_digest(videos, config), tar_bytes, entries, failures)
     atomic_write_text(done_path(cache_dir, shard), json.dumps(asdict(record), indent=1) + "\n")
+    if spool is not None:
+        spool.discard(video.ref for video in videos)
     return record
-
-
-RESIZE_QUEUE_DEPTH = 8
-
-
-def render_mosaic(
-    video: PlannedVideo, config: FrameCacheConfig, threads: int = DEFAULT_DECODER_THREADS, canvas: np.ndarray | None = None
-) -> bytes:
-    """Decode the planned frames straight into the mosaic and encode it as JPEG.
-
-    `canvas` (rows·size × cols·size × 3) is cleared and reused when given.
-    Resizing runs on a helper thread while the next frames decode (both release the GIL), so a
-    lone worker uses a second core; the bounded queue keeps at most a few decoded frames alive.
-    """
-    probe = probe_video(video.ref)
-    if canvas is None:
-        canvas = mosaic_canvas(config.rows, config.cols, config.frame_size)
-    else:
-        canvas.fill(0)
-    positions: dict[int, list[int]] = {}
-    for position, index in enumerate(video.frame_indices):
-        positions.setdefault(index, []).append(position)
-    resize = FrameResizer(config.frame_size)  # used on the helper thread only
-
-    def place(frame: av.VideoFrame, cells: list[int]) -> None:
-        tile = resize(frame)
-        for position in cells:
-            place_tile(canvas, position, config.cols, tile)
-
-    with ThreadPoolExecutor(max_workers=1) as resizer, opened_video(video.ref, threads) as (container, stream):
-        pending: deque[Future[None]] = deque()
-        for index, frame in iter_sampled_frames(container, stream, probe, video.frame_indices, describe_ref(video.ref)):
-            pending.append(resizer.submit(place, frame, positions[index]))
-            if len(pending) > RESIZE_QUEUE_DEPTH:
-                pending.popleft().result()
-        for placed in pending:
-            placed.result()
-    return encode_jpeg(canvas, config.jpeg_quality)
 
 
 def _failure_message(video: PlannedVideo, failure: Exception) -> str:
@@ -203,7 +172,7 @@ def _failure_message(video: PlannedVideo, failure: Exception) -> str:
     return message if name in message else f"{name}: {message}"
 
 
-def _append_member(tar: tarfile.TarFile, video: PlannedVideo, jpeg: bytes) -> ShardEntry:
+def _append_member(tar: tarfile.TarFile, video: PlannedVideo, jpeg: bytes, sampled: SampledFrames) -> ShardEntry:
     info = tarfile.TarInfo(f"{video.video_id}.jpg")
     info.size = len(jpeg)
     info.mtime = FIXED_MTIME
@@ -215,7 +184,7 @@ def _append_member(tar: tarfile.TarFile, video: PlannedVideo, jpeg: bytes) -> Sh
         member=info.name,
         offset=tar.offset - padded,
         size=len(jpeg),
-        frame_indices=list(video.frame_indices),
-        fps=video.fps,
-        total_frames=video.total_frames,
+        frame_indices=list(sampled.frame_indices),
+        fps=sampled.fps,
+        total_frames=sampled.total_frames,
     )

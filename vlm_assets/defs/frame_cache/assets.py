@@ -10,7 +10,6 @@ from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig, versioned
 from vlm_assets.frames.index import write_index
 from vlm_assets.frames.plan import (
-    KnownFrames,
     PlannedVideo,
     catalog_videos,
     extend_plan,
@@ -20,7 +19,9 @@ from vlm_assets.frames.plan import (
     shard_members,
     write_plan,
 )
+from vlm_assets.frames.probe import SampledFrames
 from vlm_assets.frames.shard import ensure_shard, tar_path
+from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.wording import plural
 
 FRAME_CACHE_POOL = "frame_cache"
@@ -36,8 +37,8 @@ def frame_cache_lock(vlm_config: VlmConfig, part: str) -> str:
     return vlm_config.layout.frame_cache_lock(settings.frame_size, settings.num_frames, part)
 
 
-def _known_frames(vlm_config: VlmConfig, log: dg.DagsterLogManager) -> dict[str, KnownFrames]:
-    known: dict[str, KnownFrames] = {}
+def _known_frames(vlm_config: VlmConfig, log: dg.DagsterLogManager) -> dict[str, SampledFrames]:
+    known: dict[str, SampledFrames] = {}
     for source in vlm_config.sources():
         for path in frames_source_files(source):
             imported = load_frames_source(path, source.name, source.media_root)
@@ -58,7 +59,8 @@ def _plan_table(plan: list[PlannedVideo], limit: int = 10) -> str:
     deps=[dg.AssetKey("sample_catalog")],
     group_name="frame_cache",
     description="Every unique video of the catalogue with its decodable frame count, fps, sampled "
-    "frame indices and (append-only) shard; registers the frame_cache_shards partitions.",
+    "frame indices and (append-only) shard; registers the frame_cache_shards partitions. Videos the "
+    "catalogue decoded are taken from its spool, the others probed.",
 )
 def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app = vlm_config.app
@@ -84,7 +86,9 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     # append to the same old plan and one's videos would be lost.
     with vlm_config.locked(context.log, exclusive=[frame_cache_lock(vlm_config, "plan")]):
         existing = read_plan(cache_dir)
-        plan, added = extend_plan(existing, videos, app.frame_cache, _known_frames(vlm_config, context.log), report)
+        spool = MosaicSpool(cache_dir, app.frame_cache)
+        known = _known_frames(vlm_config, context.log)
+        plan, added = extend_plan(existing, videos, app.frame_cache, known, report, decoded=spool.sampled)
         write_plan(cache_dir, plan)
     shards = list(shard_members(plan))
     known_keys = set(context.instance.get_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name))
@@ -111,7 +115,8 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     partitions_def=FRAME_CACHE_SHARD_PARTITIONS,
     pool=FRAME_CACHE_POOL,
     group_name="frame_cache",
-    description="One frame-cache shard: part-NNNNN.tar of JPEG mosaics, then part-NNNNN.done.json.",
+    description="One frame-cache shard: part-NNNNN.tar of JPEG mosaics, then part-NNNNN.done.json. "
+    "Mosaics the catalogue rendered are copied from its spool; the others are decoded here.",
 )
 def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     settings = vlm_config.app.frame_cache
@@ -131,7 +136,8 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
     started = time.perf_counter()
     locks = {"shared": [frame_cache_lock(vlm_config, "content")], "exclusive": [frame_cache_lock(vlm_config, shard)]}
     with vlm_config.locked(context.log, **locks):
-        record, reused = ensure_shard(cache_dir, shard, members, settings, on_video=report)
+        spool = MosaicSpool(cache_dir, settings)
+        record, reused = ensure_shard(cache_dir, shard, members, settings, on_video=report, spool=spool)
     seconds = time.perf_counter() - started
     context.log.info(f"{shard}: {'reused' if reused else 'built'} — {len(record.entries)} cached, {len(record.failures)} failed")
     return dg.MaterializeResult(**versioned({
