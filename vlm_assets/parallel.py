@@ -23,17 +23,22 @@ Result = TypeVar("Result")
 
 
 def step_processes() -> int:
-    """Processes one step may use: `$VLM_ASSETS_STEP_PROCESSES`, else every core of this machine."""
+    """Processes one step may use: `$VLM_ASSETS_STEP_PROCESSES`, else 1.
+
+    `vlm-assets run` and `vlm-assets worker` set it from the workers they have. Elsewhere (runs the
+    daemon launches) one process is the safe default: each chunk process loads the model's
+    processor (about 1 GB), and many runs may be splitting their work at the same time.
+    """
     value = os.environ.get(STEP_PROCESSES_ENV_VAR, "").strip()
-    if value:
-        try:
-            processes = int(value)
-        except ValueError:
-            raise ValueError(f"{STEP_PROCESSES_ENV_VAR} must be a whole number of processes, not {value!r}") from None
-        if processes < 1:
-            raise ValueError(f"{STEP_PROCESSES_ENV_VAR} must be at least 1, not {processes}")
-        return processes
-    return len(os.sched_getaffinity(0))
+    if not value:
+        return 1
+    try:
+        processes = int(value)
+    except ValueError:
+        raise ValueError(f"{STEP_PROCESSES_ENV_VAR} must be a whole number of processes, not {value!r}") from None
+    if processes < 1:
+        raise ValueError(f"{STEP_PROCESSES_ENV_VAR} must be at least 1, not {processes}")
+    return processes
 
 
 def ordered_map(

@@ -27,8 +27,9 @@ import yaml
 
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig
-from vlm_assets.defs.resources import ALIVE_TAG, FINGERPRINT_KEY, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.defs.resources import ALIVE_TAG, CHUNKED_TAG, FINGERPRINT_KEY, SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
+from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.packing.wds import list_shards
 from vlm_assets.wording import plural
 
@@ -118,6 +119,7 @@ class GraphShape:
     order: list[str]  # asset names, dependencies first
     parents: dict[str, set[str]]
     partitioning: dict[str, str | None]  # name of the dynamic partitions definition, or None
+    chunked: set[str] = field(default_factory=set)  # assets whose step can use several processes
 
 
 def graph_shape(defs: dg.Definitions) -> GraphShape:
@@ -133,7 +135,8 @@ def graph_shape(defs: dg.Definitions) -> GraphShape:
         order.extend(ready)
         for name in ready:
             del remaining[name]
-    return GraphShape(order, parents, partitioning)
+    chunked = {name for name, spec in specs.items() if spec.tags.get(CHUNKED_TAG) == "true"}
+    return GraphShape(order, parents, partitioning, chunked)
 
 
 def selected_assets(shape: GraphShape, select: Sequence[str] | None) -> list[str]:
@@ -224,11 +227,14 @@ def _worker_state(config_path: str) -> tuple[dg.Definitions, dg.DagsterInstance,
 
 
 def execute_task(config_path: str, asset: str, partition: str | None, log_dir: str,
-                 executor: str = "in_process") -> TaskOutcome:
+                 executor: str = "in_process", processes: int | None = None) -> TaskOutcome:
     """Materialise one asset partition (and its checks) as one run; summarise what happened.
 
     With the celery executor this process orchestrates the run and Celery workers execute its steps.
+    `processes`: how many processes a chunked step of this run may use (None: as the environment says).
     """
+    if processes is not None:
+        os.environ[STEP_PROCESSES_ENV_VAR] = str(processes)
     defs, instance, vlm_config = _worker_state(config_path)
     token = process_token(vlm_config.app.storage_root)
     if executor == "celery":
@@ -451,8 +457,9 @@ def run_graph(
     ) as pool:
         while True:
             if not stop.requested:
+                launch = []
                 for node in scheduler.next_ready():
-                    if len(in_flight) >= workers:
+                    if len(in_flight) + len(launch) >= workers:
                         break
                     if scheduler.up_to_date(*node):
                         scheduler.state[node] = "up_to_date"
@@ -460,8 +467,11 @@ def run_graph(
                         echo(f"= {_label(*node)}: up to date")
                         continue
                     scheduler.state[node] = "running"
-                    echo(f"▶ {_label(*node)}")
-                    in_flight[pool.submit(execute_task, str(app.path), *node, str(log_dir), executor)] = node
+                    launch.append(node)
+                shares = _process_shares(launch, shape.chunked, workers - len(in_flight))
+                for node, processes in zip(launch, shares):
+                    echo(f"▶ {_label(*node)}" + (f" on {processes} processes" if processes and processes > 1 else ""))
+                    in_flight[pool.submit(execute_task, str(app.path), *node, str(log_dir), executor, processes)] = node
             if not in_flight:
                 if stop.requested or not scheduler.next_ready():
                     break
@@ -486,6 +496,23 @@ def run_graph(
                  if (asset, key) not in scheduler.state]
         echo(f"stopped on request; not launched: {', '.join(never) or 'nothing'}")
     return summary
+
+
+def _process_shares(launch: list[tuple[str, str | None]], chunked: set[str], free: int) -> list[int | None]:
+    """Processes per launched run: workers no run takes now go to the chunked steps among them.
+
+    A big source alone then uses every worker, and the processes of all runs together never exceed
+    `--workers` at launch (each chunk process loads the model's processor: about 1 GB). A user's
+    $VLM_ASSETS_STEP_PROCESSES is left as it is.
+    """
+    if STEP_PROCESSES_ENV_VAR in os.environ:
+        return [None] * len(launch)
+    takers = [index for index, (asset, _) in enumerate(launch) if asset in chunked]
+    spare = free - len(launch)
+    shares: list[int | None] = [1] * len(launch)
+    for rank, index in enumerate(takers):
+        shares[index] = 1 + spare // len(takers) + (1 if rank < spare % len(takers) else 0)
+    return shares
 
 
 def _require_celery_workers(echo: Callable[[str], None]) -> None:

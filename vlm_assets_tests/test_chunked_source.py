@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import random
 
+import dagster as dg
 import pandas as pd
 import pytest
+import yaml
 from PIL import Image
 
 from vlm_assets.atomic import write_parquet
@@ -16,7 +18,8 @@ from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, step_processes
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
-from vlm_assets.tokens.table import write_length_table
+from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, write_length_table
+from vlm_assets_tests.run_support import run
 
 MODEL = ModelConfig(processor_kwargs={"min_pixels": 3136, "max_pixels": 1003520})
 FRAME_CACHE = FrameCacheConfig()
@@ -86,3 +89,34 @@ def test_step_processes_setting(monkeypatch):
         monkeypatch.setenv(STEP_PROCESSES_ENV_VAR, bad)
         with pytest.raises(ValueError, match=STEP_PROCESSES_ENV_VAR):
             step_processes()
+
+
+def test_one_big_source_uses_every_worker_and_gives_the_one_worker_table(tmp_path):
+    """`vlm-assets run --workers 2` on a single source: its chunked step runs on both workers."""
+    rows = LENGTH_CHUNK_ROWS + 200
+    manifest = tmp_path / "inputs" / "chat.jsonl"
+    manifest.parent.mkdir()
+    rng = random.Random(3)
+    manifest.write_text("".join(
+        json.dumps({"id": f"c{number}", "messages": [
+            {"role": "user", "content": " ".join(rng.choice(["why", "sky", "blue", "light", "scatter"]) for _ in range(rng.randint(1, 80)))},
+            {"role": "assistant", "content": "Rayleigh scattering. " * rng.randint(1, 20)},
+        ]}) + "\n" for number in range(rows)
+    ))
+    tables = {}
+    for workers in (1, 2):
+        site = tmp_path / f"workers{workers}"
+        site.mkdir()
+        config = site / "vlm_assets.yaml"
+        config.write_text(yaml.safe_dump({
+            "storage": {"root": str(site / "vlm_data")},
+            "sources": [{"name": "chat", "kind": "jsonl", "path": str(manifest)}],
+        }))
+        result = run(config, site / "home", "--workers", str(workers), "--select", "sample_lengths")
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert ("▶ sample_lengths [chat] on 2 processes" in result.stdout) == (workers == 2), result.stdout
+        tables[workers] = (site / "vlm_data" / "lengths" / "chat.parquet").read_bytes()
+        with dg.DagsterInstance.from_config(str(site / "home")) as instance:
+            event = instance.get_latest_materialization_event(dg.AssetKey("sample_lengths"))
+            assert event.asset_materialization.metadata["processes"].value == workers
+    assert tables[1] == tables[2]

@@ -16,6 +16,9 @@ from vlm_assets.locks import file_locks, process_token
 # Run tag: the liveness file (vlm_assets.locks.process_token) of the process executing the run,
 # so a run whose process died can be told from one that is still working.
 ALIVE_TAG = "vlm_assets/alive_token"
+# Asset tag: the asset's step splits its work into chunks over several processes
+# (vlm_assets.parallel); `vlm-assets run` gives such steps the workers no other run takes.
+CHUNKED_TAG = "vlm_assets/chunked"
 # Materialisation metadata: the asset's fingerprint (vlm_assets.fingerprints), also its data version.
 FINGERPRINT_KEY = "fingerprint"
 

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 
 from vlm_assets.config import CONFIG_ENV_VAR, load_config
+from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.scale_out.executor import require_broker
 
 WORKER_ARGS = (
@@ -41,6 +42,9 @@ def start_worker(args: argparse.Namespace) -> int:
         print(f"note: {POSTGRES_HOST_ENV} is not set, so only runs started on this machine (sqlite instance) "
               "can use this worker", flush=True)
     concurrency = args.concurrency or default_workers()
+    # The machine's cores shared among the steps it runs at once: `--concurrency 1` gives one big
+    # source's chunked steps every core; the default (one step per core) keeps one process each.
+    os.environ.setdefault(STEP_PROCESSES_ENV_VAR, str(max(1, default_workers() // concurrency)))
     # Loaded here, before Celery forks its pool processes, rather than by each of them on its first
     # step: the code location, and the processor (seconds) that token counting uses.
     from vlm_assets.definitions import defs

@@ -11,7 +11,8 @@ from vlm_assets.atomic import write_parquet
 from vlm_assets.catalog.build import MediaValidator, build_catalog, read_catalog
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
-from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
+from vlm_assets.defs.resources import CHUNKED_TAG, HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
+from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.parallel import step_processes
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
@@ -42,7 +43,10 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
     context.log.info(f"cataloguing {source.kind} source {source.name!r} at {source.path}")
     path = vlm_config.layout.catalog(source.name)
     with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
-        validator = MediaValidator(app.frame_cache.num_frames, MediaCheckLog(vlm_config.layout.media_checks(source.name)))
+        check_log = MediaCheckLog(vlm_config.layout.media_checks(source.name))
+        # The validating decode also renders each video's frame-cache mosaic, for the plan and shards to take.
+        spool = MosaicSpool(vlm_config.layout.frame_cache_dir(app.frame_cache), app.frame_cache)
+        validator = MediaValidator(app.frame_cache.num_frames, check_log, spool)
         frame = build_catalog(
             source,
             app.sample.text_key,
@@ -82,6 +86,7 @@ def _samples_for_length(frame: pd.DataFrame) -> list[SampleForLength]:
     group_name="catalog",
     kinds={"parquet"},
     pool=HEAVY_POOL,
+    tags={CHUNKED_TAG: "true"},
     description="Exact token length of every catalogued sample under the configured HF processor (fast path, checked against the exact path).",
 )
 def sample_lengths(
