@@ -11,7 +11,7 @@ from vlm_assets.atomic import write_parquet
 from vlm_assets.catalog.build import MediaValidator, build_catalog, read_catalog
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
-from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
+from vlm_assets.defs.resources import CHUNKED_TAG, HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.parallel import step_processes
@@ -86,6 +86,7 @@ def _samples_for_length(frame: pd.DataFrame) -> list[SampleForLength]:
     group_name="catalog",
     kinds={"parquet"},
     pool=HEAVY_POOL,
+    tags={CHUNKED_TAG: "true"},
     description="Exact token length of every catalogued sample under the configured HF processor (fast path, checked against the exact path).",
 )
 def sample_lengths(
