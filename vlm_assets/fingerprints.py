@@ -25,14 +25,14 @@ from vlm_assets.frames.shard import plan_digest
 from vlm_assets.layout import StorageLayout
 
 REVISIONS = {
-    "sample_catalog": 1,
+    "sample_catalog": 2,
     "sample_lengths": 1,
     "packing_bins": 1,
     "packed_json": 1,
     "packed_wds_shards": 1,
     "energon_dataset": 1,
-    "video_frame_plan": 1,
-    "frame_cache_shard": 1,
+    "video_frame_plan": 2,
+    "frame_cache_shard": 2,
     "frame_cache_index": 1,
     "training_package": 1,
 }
