@@ -26,10 +26,13 @@ DEMO_CONFIG = """\
 # vlm-assets demo configuration (paths are relative to this file)
 storage: {root: ./vlm_data}
 inbox: ./vlm_inbox
+# Each source is its own Energon dataset; packed_wds/metadataset.yaml blends them by weight
+# (the share of drawn bins), with sample_type (default: sample.sample_type), source and subflavors.
 sources:
-  - {name: demo_images, kind: flat_dir, path: ./flat}
-  - {name: demo_video, kind: jsonl, path: ./video_train.jsonl, media_root: ./media}
-  - {name: demo_wds, kind: wds, path: ./wds}
+  - {name: demo_images, kind: flat_dir, path: ./flat, weight: 2}
+  - {name: demo_video, kind: jsonl, path: ./video_train.jsonl, media_root: ./media, weight: 1,
+     subflavors: {modality: video}}
+  - {name: demo_wds, kind: wds, path: ./wds, sample_type: packed_vqa, weight: 1}
 model:
   processor: embedded
   processor_kwargs: {min_pixels: 3136, max_pixels: 1003520}
@@ -43,7 +46,7 @@ package:
   include: [packed_wds, frame_cache]
   hyperparameters: {lr: 1.0e-5, global_batch_size: 8, max_token_len: 8192}
   # A stand-in for your trainer: shows what `vlm-assets package train` hands it.
-  train_command: "echo train on {packed_wds} with frames from {frame_cache}, lr={hp[lr]}"
+  train_command: "echo train on {metadataset} with frames from {frame_cache}, lr={hp[lr]}"
 """
 
 QUESTIONS = [

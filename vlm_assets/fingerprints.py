@@ -20,17 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from vlm_assets.config import AppConfig, SourceConfig
-from vlm_assets.frames.plan import PLAN_FILE, frames_source_files, read_plan, shard_members
+from vlm_assets.frames.plan import (
+    PLAN_FILE,
+    frames_source_files,
+    read_plan,
+    shard_members,
+)
 from vlm_assets.frames.shard import plan_digest
 from vlm_assets.layout import StorageLayout
 
 REVISIONS = {
-    "sample_catalog": 2,
+    "sample_catalog": 3,
     "sample_lengths": 1,
     "packing_bins": 1,
     "packed_json": 1,
     "packed_wds_shards": 1,
-    "energon_dataset": 1,
+    "energon_dataset": 2,
+    "training_mix": 1,
     "video_frame_plan": 2,
     "frame_cache_shard": 2,
     "frame_cache_index": 1,
@@ -52,6 +58,7 @@ def _settings(app: AppConfig, processor_fingerprint: str) -> dict[str, Any]:
         "packed_json": [sample.sample_type],
         "packed_wds_shards": [app.wds.maxcount, app.wds.maxsize],
         "energon_dataset": [sample.sample_type],
+        "training_mix": [sample.sample_type],
         "video_frame_plan": [fc.num_frames, fc.videos_per_shard],
         "frame_cache_shard": [fc.num_frames, fc.frame_size, fc.rows, fc.cols, fc.jpeg_quality],
         "frame_cache_index": [fc.num_frames, fc.frame_size, fc.rows, fc.cols, fc.jpeg_quality],
@@ -66,16 +73,18 @@ def code_versions(app: AppConfig, processor_fingerprint: str) -> dict[str, str]:
 
 
 def source_files_digest(source: SourceConfig, excluded: Iterable[Path]) -> str:
-    """Digest of every file a source can read: its path and media root, by name, size and mtime.
+    """Digest of every file a source can read (its path, media root and allowed roots, by name, size
+    and mtime) and of its input limits.
 
     Hidden entries and `excluded` trees (the storage root, the config file) are left out, so our
     own outputs and config edits never count as a change of the input.
     """
     skip = {Path(os.path.realpath(path)) for path in excluded}
     entries: list[tuple[str, int, int]] = []
-    for root in sorted({source.path, source.media_root}):
+    for root in sorted({source.path, source.media_root, *source.allowed_roots}):
         entries.extend(_tree_entries(Path(root), skip))
-    return digest(str(source.path), str(source.media_root), sorted(set(entries)))
+    limits = [[str(root) for root in source.allowed_roots], source.max_record_bytes, source.max_json_depth]
+    return digest(str(source.path), str(source.media_root), limits, sorted(set(entries)))
 
 
 def _tree_entries(root: Path, skip: set[Path]) -> list[tuple[str, int, int]]:
@@ -121,7 +130,7 @@ class Fingerprints:
             return self.frame_cache()[1]
         if asset == "training_package":
             index = self.frame_cache()[1] if "frame_cache" in self.app.package.include else None
-            return self._of("training_package", None, self.of("energon_dataset"), index)
+            return self._of("training_package", None, self.of("training_mix"), index)
         key = (asset, partition)
         if key not in self._memo:
             self._memo[key] = getattr(self, f"_{asset}")(partition)
@@ -136,17 +145,27 @@ class Fingerprints:
         return self._of("sample_lengths", source, self.of("sample_catalog", source))
 
     def _packing_bins(self, source: str) -> str:
-        return self._of("packing_bins", source, self.of("sample_lengths", source))
+        return self._of("packing_bins", source, self.of("sample_lengths", source), self._sample_type(source))
 
     def _packed_json(self, source: str) -> str:
-        return self._of("packed_json", source, self.of("packing_bins", source))
+        return self._of("packed_json", source, self.of("packing_bins", source), self._sample_type(source))
 
     def _packed_wds_shards(self, source: str) -> str:
         return self._of("packed_wds_shards", source, self.of("packed_json", source))
 
+    def _energon_dataset(self, source: str) -> str:
+        return self._of("energon_dataset", source, self.of("packed_wds_shards", source), self._mix_settings(source))
+
+    def _sample_type(self, source: str) -> str:
+        return self.app.sample_type_of(self.sources[source])
+
+    def _mix_settings(self, source: str) -> list[Any]:
+        config = self.sources[source]
+        return [self._sample_type(source), config.weight, config.subflavors]
+
     # -- across sources --------------------------------------------------------------------------
-    def _energon_dataset(self, _: None) -> str:
-        return self._of("energon_dataset", None, [self.of("packed_wds_shards", name) for name in sorted(self.sources)])
+    def _training_mix(self, _: None) -> str:
+        return self._of("training_mix", None, [(name, self.of("energon_dataset", name)) for name in sorted(self.sources)])
 
     def _video_frame_plan(self, _: None) -> str:
         files = sorted({path for source in self.sources.values() for path in frames_source_files(source)})

@@ -10,6 +10,10 @@ if TYPE_CHECKING:
     from vlm_assets.config import FrameCacheConfig
 
 
+# The training mix's file in the packed_wds folder (and in a package's packed_wds role).
+METADATASET_NAME = "metadataset.yaml"
+
+
 @dataclass(frozen=True)
 class StorageLayout:
     root: Path
@@ -37,7 +41,13 @@ class StorageLayout:
         return self.root / "packed_wds"
 
     def packed_wds(self, source: str) -> Path:
+        """A source's shards; with its `.nv-meta`, that source's own Energon dataset."""
         return self.packed_wds_root / source
+
+    @property
+    def metadataset(self) -> Path:
+        """The training mix: an Energon metadataset blending every source's dataset."""
+        return self.packed_wds_root / METADATASET_NAME
 
     def frame_cache(self, frame_size: int, num_frames: int) -> Path:
         return self.root / "frame_cache" / str(frame_size) / str(num_frames)
@@ -51,17 +61,19 @@ class StorageLayout:
         return self.root / "packages"
 
     def package_file(self, name: str, compress: str) -> Path:
-        from vlm_assets.package.compression import package_file_name  # the package domain builds on this module
+        from vlm_assets.package.compression import (
+            package_file_name,  # the package domain builds on this module
+        )
 
         return self.packages / package_file_name(name, compress)
 
     # Names of the locks (vlm_assets.locks) that keep concurrent runs on this root apart.
     @staticmethod
     def source_lock(source: str) -> str:
-        """Held by each step writing a source's outputs; shared by readers of its shards."""
+        """Held by each step writing a source's outputs (its Energon metadata too); shared by readers of them."""
         return f"source-{source}"
 
-    ENERGON_LOCK = "packed_wds-energon"
+    TRAINING_MIX_LOCK = "packed_wds-metadataset"
 
     @staticmethod
     def frame_cache_lock(frame_size: int, num_frames: int, part: str) -> str:

@@ -30,7 +30,8 @@ def test_demo_then_run_materialises_the_whole_graph_through_the_instance(tmp_pat
         assert packed | set(rejects.sample_id) == set(catalog.sample_id)
         assert not packed & set(rejects.sample_id)
         assert list((root / "packed_wds" / source).glob("pretrain-*.tar"))
-    assert (root / "packed_wds" / ".nv-meta" / "dataset.yaml").exists()
+        assert (root / "packed_wds" / source / ".nv-meta" / "dataset.yaml").exists()
+    assert (root / "packed_wds" / "metadataset.yaml").exists()
     index = [json.loads(line) for line in (root / "frame_cache" / "384" / "64" / "index.jsonl").read_text().splitlines()]
     assert {row["video"] for row in index} == {
         "demo_video/clips/bouncing.mp4", "demo_video/clips/sweep.mkv", "demo_video/clips/no_extension"}

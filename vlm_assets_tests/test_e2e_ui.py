@@ -154,8 +154,10 @@ def _pipeline_state(ui: Ui):
 
     pending = [run["runId"][:8] for run in runs if run["status"] not in TERMINAL]
     done = (
-        all(all_partitions(name) for name in ("sample_catalog", "packed_wds_shards", "frame_cache_shard"))
+        all(all_partitions(name)
+            for name in ("sample_catalog", "packed_wds_shards", "energon_dataset", "frame_cache_shard"))
         and latest("energon_dataset") >= latest("packed_wds_shards")
+        and latest("training_mix") >= latest("energon_dataset")
         and latest("video_frame_plan") >= latest("sample_catalog")
         and latest("frame_cache_index") >= max(latest("frame_cache_shard"), latest("video_frame_plan"))
         and not pending
@@ -212,7 +214,8 @@ def test_dagster_dev_sensor_runs_checks_and_asset_graph(tmp_path, demo_config_pa
             assert {"inbox_sensor", "frame_cache_shards_sensor", "follow_upstream_sensor"} <= launched_by
             inbox_partitions = {tag["value"] for run in runs for tag in run["tags"] if tag["key"] == "dagster/partition"}
             assert {"inbox-photos", "inbox-clips"} <= inbox_partitions
-            for name in ("sample_catalog", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards"):
+            for name in ("sample_catalog", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards",
+                         "energon_dataset"):
                 assert assets[(name,)]["partitionStats"]["numMaterialized"] == 2, name
             partition_of = {run["runId"]: next((t["value"] for t in run["tags"] if t["key"] == "dagster/partition"), None)
                             for run in runs}

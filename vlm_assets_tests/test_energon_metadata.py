@@ -20,6 +20,7 @@ from vlm_assets.packing.energon_loader import load_all_ids
 
 SHARDS = {"src_a": 3, "src_b": 2}  # source -> shard count
 PER_SHARD = 5
+SUBFLAVORS = {"sample_type": "packed_vqa", "source": "src"}
 
 
 def write_shards(root: Path) -> tuple[list[Path], list[str]]:
@@ -56,8 +57,8 @@ def test_identical_shards_give_byte_identical_metadata_in_any_root_with_any_work
     first_shards, ids = write_shards(first_root)
     second_shards, _ = write_shards(second_root)
 
-    first = prepare_energon_dataset(first_root, first_shards, "packed_vqa", workers=1)
-    second = prepare_energon_dataset(second_root, second_shards, "packed_vqa", workers=4)
+    first = prepare_energon_dataset(first_root, first_shards, SUBFLAVORS, workers=1)
+    second = prepare_energon_dataset(second_root, second_shards, SUBFLAVORS, workers=4)
 
     reference = metadata_bytes(first_root)
     assert sorted(reference) == sorted(
@@ -70,16 +71,16 @@ def test_identical_shards_give_byte_identical_metadata_in_any_root_with_any_work
     assert sorted(load_all_ids(second_root)) == sorted(ids)
 
     # A re-prepare over existing metadata swaps in the same bytes and leaves nothing behind.
-    prepare_energon_dataset(first_root, first_shards, "packed_vqa", workers=2)
+    prepare_energon_dataset(first_root, first_shards, SUBFLAVORS, workers=2)
     assert metadata_bytes(first_root) == reference
     assert staging_dirs(first_root) == staging_dirs(second_root) == []
 
 
 def test_changed_shards_change_the_index_uuid(tmp_path):
     shards, _ = write_shards(tmp_path)
-    prepare_energon_dataset(tmp_path, shards, "packed_vqa")
+    prepare_energon_dataset(tmp_path, shards, SUBFLAVORS)
     before = (tmp_path / ".nv-meta" / "index.uuid").read_bytes()
-    prepare_energon_dataset(tmp_path, shards[:-1], "packed_vqa")
+    prepare_energon_dataset(tmp_path, shards[:-1], SUBFLAVORS)
     assert (tmp_path / ".nv-meta" / "index.uuid").read_bytes() != before
 
 
@@ -92,7 +93,7 @@ LOADER_AND_PREPARER = textwrap.dedent(
     root = Path(sys.argv[1])
     shards = sorted(root.glob("src_*/pretrain-*.tar"))
     for _ in range(int(sys.argv[2])):
-        prepare_energon_dataset(root, shards, "packed_vqa", workers=2)
+        prepare_energon_dataset(root, shards, {"sample_type": "packed_vqa"}, workers=2)
     """
 )
 
@@ -100,7 +101,7 @@ LOADER_AND_PREPARER = textwrap.dedent(
 def test_loads_and_prepares_running_alongside_a_re_preparing_process_never_fail(tmp_path):
     root = tmp_path / "packed_wds"
     shards, ids = write_shards(root)
-    prepare_energon_dataset(root, shards, "packed_vqa")
+    prepare_energon_dataset(root, shards, SUBFLAVORS)
     reference = metadata_bytes(root)
 
     other = subprocess.Popen(
@@ -111,7 +112,7 @@ def test_loads_and_prepares_running_alongside_a_re_preparing_process_never_fail(
     try:
         while other.poll() is None or rounds < 2:
             assert sorted(load_all_ids(root)) == sorted(ids)
-            prepare_energon_dataset(root, shards, "packed_vqa", workers=3)
+            prepare_energon_dataset(root, shards, SUBFLAVORS, workers=3)
             rounds += 1
     finally:
         output, _ = other.communicate(timeout=120)
@@ -132,21 +133,21 @@ def test_stale_staging_of_a_dead_writer_is_removed_and_a_live_ones_kept(tmp_path
         (directory / ".nv-meta").mkdir(parents=True)
         (directory / ".nv-meta" / "index.sqlite").write_bytes(b"half written")
 
-    prepare_energon_dataset(tmp_path, shards, "packed_vqa")
+    prepare_energon_dataset(tmp_path, shards, SUBFLAVORS)
 
     assert staging_dirs(tmp_path) == sorted([live.name, elsewhere.name])
 
 
 def test_a_failed_prepare_keeps_the_published_metadata_and_cleans_up(tmp_path):
     shards, ids = write_shards(tmp_path)
-    prepare_energon_dataset(tmp_path, shards, "packed_vqa")
+    prepare_energon_dataset(tmp_path, shards, SUBFLAVORS)
     reference = metadata_bytes(tmp_path)
     empty = tmp_path / "src_c" / "pretrain-000000.tar"
     empty.parent.mkdir()
     tarfile.open(empty, "w").close()
 
     with pytest.raises(AssertionError, match="has no samples"):
-        prepare_energon_dataset(tmp_path, [*shards, empty], "packed_vqa", workers=2)
+        prepare_energon_dataset(tmp_path, [*shards, empty], SUBFLAVORS, workers=2)
 
     assert metadata_bytes(tmp_path) == reference
     assert staging_dirs(tmp_path) == []

@@ -384,7 +384,7 @@ def test_energon_prepare_and_loader_see_every_sample(media, tmp_path):
     ])
     jsonl = _write_packed(layout, "vqa", "packed_vqa")
     shards = write_shards(read_records(jsonl, _catalog(layout, "vqa")), layout.packed_wds("vqa"), 2, 10**9)
-    dataset = prepare_energon_dataset(layout.packed_wds_root, [s.path for s in shards], "packed_vqa")
+    dataset = prepare_energon_dataset(layout.packed_wds("vqa"), [s.path for s in shards], {"sample_type": "packed_vqa"})
     meta = dataset.meta_dir
     for name in ("dataset.yaml", "split.yaml", ".info.json", "index.sqlite"):
         assert (meta / name).is_file(), name
@@ -393,7 +393,7 @@ def test_energon_prepare_and_loader_see_every_sample(media, tmp_path):
     assert all(Path(str(s.path) + ".idx").is_file() for s in shards)
     expected = [json.loads(line)["id"] for line in jsonl.read_text().splitlines()]
     assert dataset.sample_count == len(expected)
-    assert sorted(load_all_ids(layout.packed_wds_root)) == sorted(expected)
+    assert sorted(load_all_ids(layout.packed_wds("vqa"))) == sorted(expected)
 
 
 # ---------------------------------------------------------------- Dagster assets
@@ -439,11 +439,12 @@ def test_assets_materialize_with_checks_metadata_and_energon_load(mix_layout, tm
     assert shard_meta["shards"].value == len(list_shards(mix_layout.packed_wds("mix")))
 
     result = dg.materialize(
-        [energon_dataset, energon_loads_every_sample], resources=resources, instance=instance, selection=None
+        [energon_dataset, energon_loads_every_sample], resources=resources, partition_key="mix", instance=instance
     )
     assert result.success
     [evaluation] = result.get_asset_check_evaluations()
     assert evaluation.passed and evaluation.metadata["loaded"].value == evaluation.metadata["expected"].value > 0
+    assert evaluation.partition == "mix"
     bins = pd.read_parquet(mix_layout.bins("mix"))
-    assert sorted(load_all_ids(mix_layout.packed_wds_root)) == sorted(record_id("mix", b) for b in bins.bin_id)
+    assert sorted(load_all_ids(mix_layout.packed_wds("mix"))) == sorted(record_id("mix", b) for b in bins.bin_id)
 

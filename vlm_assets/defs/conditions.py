@@ -2,9 +2,9 @@
 
 import dagster as dg
 
-# The aggregates (energon_dataset over every source's shards, video_frame_plan over every
-# catalogue, frame_cache_index over every shard) rebuild once an input was updated, when no input
-# is missing or still running; never merely because they are missing.
+# The followers (a source's energon_dataset after its shards, training_mix over every source's
+# dataset, video_frame_plan over every catalogue, frame_cache_index over every shard) rebuild once
+# an input was updated, when no input is missing or still running; never merely because they are missing.
 FOLLOWS_UPSTREAM = (
     dg.AutomationCondition.any_deps_updated().since_last_handled()
     & ~dg.AutomationCondition.any_deps_missing()

@@ -25,13 +25,15 @@ def input_problems(app: AppConfig, layout: StorageLayout) -> list[str]:
     """Why the parts `app.package.include` names are not ready to package; empty when they are.
 
     packed_wds: every source configured in `app.sources` has at least one
-    pretrain-*.tar shard. frame_cache: index.jsonl and failures.jsonl account for
+    pretrain-*.tar shard, and the training mix (metadataset.yaml) exists. frame_cache: index.jsonl and failures.jsonl account for
     every key of the cache's plan exactly once (a cache without a plan is not
     checked; nothing was planned into it).
     """
     problems: list[str] = []
     if PACKED_WDS in app.package.include:
         problems += missing_shards(layout, [source.name for source in app.sources])
+        if not layout.metadataset.is_file():
+            problems.append(f"no training mix: {layout.metadataset} does not exist (materialise training_mix)")
     if FRAME_CACHE in app.package.include:
         problems += frame_cache_gaps(layout.frame_cache_dir(app.frame_cache))
     return problems

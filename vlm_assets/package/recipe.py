@@ -45,9 +45,11 @@ hyperparameters:
   epochs: 1
   max_token_len: {max_token_len}
 # Run by `vlm-assets package train PACKAGE` after it verifies and extracts the package.
-# Placeholders: {{<role>}} = extracted folder of that data role, {{workdir}}, {{manifest}},
+# Placeholders: {{<role>}} = extracted folder of that data role, {{metadataset}} = the training mix
+# (packed_wds/metadataset.yaml, an Energon metadataset), {{workdir}}, {{manifest}},
 # {{hyperparameters}} (JSON), {{hp[KEY]}}. The same values are in the environment as
-# VLM_PACKAGE_DATA_<ROLE>, VLM_PACKAGE_WORKDIR, VLM_PACKAGE_MANIFEST, VLM_PACKAGE_HYPERPARAMETERS.
+# VLM_PACKAGE_DATA_<ROLE>, VLM_PACKAGE_METADATASET, VLM_PACKAGE_WORKDIR, VLM_PACKAGE_MANIFEST,
+# VLM_PACKAGE_HYPERPARAMETERS.
 train_command: "python train.py --data {{packed_wds}} --frames {{frame_cache}} --lr {{hp[learning_rate]}}"
 # role: path (a folder is packed whole, including hidden folders such as .nv-meta).
 data:

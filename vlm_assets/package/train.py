@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlm_assets.atomic import atomic_write_bytes
+from vlm_assets.layout import METADATASET_NAME
 from vlm_assets.package.manifest import (
     DATA_PREFIX,
     MANIFEST_NAME,
@@ -27,6 +28,7 @@ from vlm_assets.package.manifest import (
     role_root,
 )
 from vlm_assets.package.reader import extract_package, read_manifest
+from vlm_assets.package.recipe import PACKED_WDS
 from vlm_assets.package.writer import sha256_file
 
 Log = Callable[[str], None]
@@ -40,6 +42,12 @@ class PreparedWorkdir:
 
     def dataset_path(self, role: str) -> Path:
         return self.workdir / role_root(role)
+
+    @property
+    def metadataset(self) -> Path | None:
+        """The extracted training mix (packed_wds/metadataset.yaml), if the package has one."""
+        path = f"{role_root(PACKED_WDS)}/{METADATASET_NAME}"
+        return self.workdir / path if path in self.manifest.by_path() else None
 
 
 def default_workdir(package: Path) -> Path:
@@ -88,6 +96,8 @@ def prepare_workdir(package: Path, workdir: Path | None = None, *, rehash: bool 
 def command_values(prepared: PreparedWorkdir) -> dict[str, object]:
     """Placeholder values for the training command (and the environment it gets)."""
     values: dict[str, object] = {role: str(prepared.dataset_path(role)) for role in prepared.manifest.roles}
+    if prepared.metadataset is not None:
+        values["metadataset"] = str(prepared.metadataset)
     values.update(
         workdir=str(prepared.workdir),
         manifest=str(prepared.workdir / MANIFEST_NAME),
@@ -123,6 +133,8 @@ def command_environment(prepared: PreparedWorkdir) -> dict[str, str]:
     env = dict(os.environ)
     for role in prepared.manifest.roles:
         env[f"VLM_PACKAGE_DATA_{role.upper().replace('-', '_')}"] = str(prepared.dataset_path(role))
+    if prepared.metadataset is not None:
+        env["VLM_PACKAGE_METADATASET"] = str(prepared.metadataset)
     env["VLM_PACKAGE_WORKDIR"] = str(prepared.workdir)
     env["VLM_PACKAGE_MANIFEST"] = str(prepared.workdir / MANIFEST_NAME)
     env["VLM_PACKAGE_HYPERPARAMETERS"] = json.dumps(prepared.manifest.hyperparameters, sort_keys=True)

@@ -1,11 +1,11 @@
-"""Energon metadata over the packed shards, and a check that Energon loads them.
+"""Energon metadata over one source's packed shards: that source's own Energon dataset.
 
 The metadata (``.nv-meta/split.yaml``, ``.info.json``, ``index.sqlite``, the
 ``*.tar.idx`` beside every shard) is written by megatron-energon's own prepare
 (``BaseWebdatasetFactory.prepare_dataset``, what ``energon prepare`` calls); we
 add the ``dataset.yaml`` the CLI writes for a ``CrudeWebdataset``, with the
-``sample_type`` as a subflavor so cookers can select on it. Every shard goes to
-the ``train`` split; no shuffling at prepare time.
+source's subflavors (its ``sample_type`` among them) so cookers can select on
+them. Every shard goes to the ``train`` split; no shuffling at prepare time.
 
 Prepare runs aside, in a staging directory under the root whose symlinks mirror
 the shards, and its result is then published: each ``.tar.idx`` renamed over the
@@ -29,9 +29,10 @@ import shutil
 import sqlite3
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -72,14 +73,16 @@ class EnergonDataset:
         return self.root / MAIN_FOLDER_NAME
 
 
-def prepare_energon_dataset(root: Path, shards: list[Path], sample_type: str, workers: int | None = None) -> EnergonDataset:
+def prepare_energon_dataset(
+    root: Path, shards: list[Path], subflavors: Mapping[str, Any], workers: int | None = None
+) -> EnergonDataset:
     """Index `shards` (all under `root`) with Energon and publish `root/.nv-meta` and the `.tar.idx` files.
 
-    The new metadata replaces the earlier prepare's as a whole, so a source or shard
-    that went away does not linger in the index.
+    The new metadata replaces the earlier prepare's as a whole, so a shard that went
+    away does not linger in the index. Nothing outside `root` is read or written.
     """
     if not shards:
-        raise ValueError(f"{root}: no packed shards to prepare (did every source reject all of its samples?)")
+        raise ValueError(f"{root}: no packed shards to prepare (did the source reject all of its samples?)")
     from megatron.energon.flavors import BaseWebdatasetFactory
 
     relative = [str(path.relative_to(root)) for path in sorted(shards)]
@@ -99,7 +102,7 @@ def prepare_energon_dataset(root: Path, shards: list[Path], sample_type: str, wo
         dataset_yaml = {
             "__module__": "megatron.energon",
             "__class__": DATASET_CLASS,
-            "subflavors": {"sample_type": sample_type},
+            "subflavors": dict(subflavors),
         }
         (meta_dir / DATASET_YAML).write_text(yaml.safe_dump(dataset_yaml, sort_keys=False), encoding="utf-8")
         (meta_dir / INDEX_UUID_FILENAME).write_text(str(_content_uuid(root, meta_dir, relative)), encoding="ascii")

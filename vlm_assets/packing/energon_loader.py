@@ -1,4 +1,4 @@
-"""Loading a prepared packed dataset through Energon's own loader: the proof that it is usable.
+"""Loading packed datasets and the training mix through Energon's own loaders: the proof that they are usable.
 
 Kept apart from vlm_assets.packing.energon because importing Energon imports torch.
 """
@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from megatron.energon import (
     Cooker,
@@ -18,6 +19,7 @@ from megatron.energon import (
     WorkerConfig,
     basic_sample_keys,
     get_loader,
+    get_train_dataset,
     get_val_dataset,
     reraise_exception,
     stateless,
@@ -33,6 +35,7 @@ class LoadedPackedSample(Sample):
     record: dict
     members: list[str]
     sample_type: str
+    source: str  # subflavor set by the training mix; empty when a source's dataset is loaded alone
 
 
 @stateless
@@ -55,11 +58,12 @@ def cook_packed_sample(raw: dict) -> LoadedPackedSample:
         record=record,
         members=sorted(present),
         sample_type=raw["__subflavors__"].get("sample_type", ""),
+        source=raw["__subflavors__"].get("source", ""),
     )
 
 
 class _CheckEncoder(DefaultTaskEncoder):
-    cookers = [Cooker(cook_packed_sample)]
+    cookers: ClassVar = [Cooker(cook_packed_sample)]
 
     def batch(self, samples: list[LoadedPackedSample]) -> list[LoadedPackedSample]:
         return samples
@@ -78,10 +82,36 @@ def load_all_ids(root: Path) -> list[str]:
         batch_size=1,
         task_encoder=_CheckEncoder(),
     )
-    ids: list[str] = []
+    return [sample.record["id"] for sample in _samples(dataset)]
+
+
+def draw_from_metadataset(metadataset: Path, draws: int, seed: int) -> list[LoadedPackedSample]:
+    """The first `draws` training samples Energon's train loader yields from `metadataset`.
+
+    One rank, no worker processes, no shuffle buffer: each draw picks a blended dataset at random
+    by weight (seeded by `seed`, so the result is reproducible) and takes its next sample.
+    """
+    worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0, seed_offset=seed, global_error_handler=reraise_exception)
+    dataset = get_train_dataset(
+        metadataset,
+        split_part=SPLIT,
+        worker_config=worker_config,
+        batch_size=1,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        task_encoder=_CheckEncoder(),
+    )
+    drawn: list[LoadedPackedSample] = []
+    for sample in _samples(dataset):
+        drawn.append(sample)
+        if len(drawn) == draws:
+            break
+    return drawn
+
+
+def _samples(dataset) -> Iterator[LoadedPackedSample]:
     with warnings.catch_warnings():
         # Energon always asks torch for pinned memory; on a CPU-only check that is a no-op, not news.
         warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true but no accelerator")
         for batch in get_loader(dataset):
-            ids.extend(sample.record["id"] for sample in batch)
-    return ids
+            yield from batch

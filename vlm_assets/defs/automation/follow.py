@@ -1,7 +1,7 @@
 """Declarative automation: the aggregate assets rebuild themselves after their inputs change.
 
-`energon_dataset` (over every source's shards), `video_frame_plan` (over every catalogue) and
-`frame_cache_index` (over every shard) run once any dependency was updated since they were last
+`energon_dataset` (a source's, after its shards), `training_mix` (over every source's dataset),
+`video_frame_plan` (over every catalogue) and `frame_cache_index` (over every shard) run once any dependency was updated since they were last
 requested, when no dependency is missing or still running. They never run merely because they
 are missing, so an empty instance stays quiet until data arrives.
 """
@@ -15,7 +15,8 @@ import dagster as dg
 from vlm_assets.defs.automation.sensors import LAUNCHED_BY_TAG, SENSOR_INTERVAL_S
 
 FOLLOWERS = dg.AssetSelection.assets(
-    dg.AssetKey("energon_dataset"), dg.AssetKey("video_frame_plan"), dg.AssetKey("frame_cache_index")
+    dg.AssetKey("energon_dataset"), dg.AssetKey("training_mix"), dg.AssetKey("video_frame_plan"),
+    dg.AssetKey("frame_cache_index"),
 )
 
 
@@ -29,6 +30,6 @@ with warnings.catch_warnings():
         minimum_interval_seconds=SENSOR_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         run_tags={LAUNCHED_BY_TAG: "follow_upstream_sensor"},
-        description="Rebuilds energon_dataset, video_frame_plan and frame_cache_index after their inputs change "
+        description="Rebuilds energon_dataset, training_mix, video_frame_plan and frame_cache_index after their inputs change "
         "(their automation condition: vlm_assets.defs.conditions.FOLLOWS_UPSTREAM).",
     )

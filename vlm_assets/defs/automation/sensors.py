@@ -20,9 +20,10 @@ LAUNCHED_BY_TAG = "vlm_assets/launched_by"
 
 VIDEO_FRAME_PLAN = dg.AssetKey("video_frame_plan")
 FRAME_CACHE_SHARD = dg.AssetKey("frame_cache_shard")
-# What a new source needs built: every `sources`-partitioned asset up to its shards, in order.
+# What a new source needs built: every `sources`-partitioned asset up to its own Energon dataset, in order.
 PACKING_LINEAGE = [dg.AssetKey(name) for name in
-                   ("sample_catalog", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards")]
+                   ("sample_catalog", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards",
+                    "energon_dataset")]
 
 
 @dg.sensor(

@@ -20,12 +20,13 @@ def _roles_table(result: PackResult) -> str:
 
 
 @dg.asset(
-    deps=[dg.AssetKey("energon_dataset"), dg.AssetKey("frame_cache_index")],
+    deps=[dg.AssetKey("training_mix"), dg.AssetKey("frame_cache_index")],
     group_name="package",
     kinds={"tar"},
     pool=HEAVY_POOL,
     description="packages/<name>.nnpkg (gzip) or .nnpkg.zst (zstd): manifest.json (hyperparameters, "
-    "sha256 of every file) + packed WDS with .nv-meta + frame cache, per the config's `package:` section. "
+    "sha256 of every file) + packed WDS (each source's dataset with its .nv-meta, and metadataset.yaml) + frame cache, "
+    "per the config's `package:` section. "
     "Refuses to run while a configured source has no shards or the frame cache misses planned videos. "
     "Byte-identical for identical inputs: the manifest's created_at is null unless $SOURCE_DATE_EPOCH is set.",
 )
@@ -76,6 +77,6 @@ def _package_locks(vlm_config: VlmConfig) -> dict[str, list[str]]:
     layout = vlm_config.layout
     return {
         "exclusive": [layout.package_lock(vlm_config.app.package.name), frame_cache_lock(vlm_config, "content")],
-        "shared": [layout.ENERGON_LOCK, frame_cache_lock(vlm_config, "plan"), frame_cache_lock(vlm_config, "index"),
+        "shared": [layout.TRAINING_MIX_LOCK, frame_cache_lock(vlm_config, "plan"), frame_cache_lock(vlm_config, "index"),
                    *(layout.source_lock(s.name) for s in vlm_config.sources())],
     }

@@ -1,5 +1,6 @@
-"""Packing lineage: bins → packed JSON → WebDataset shards (per source) → Energon dataset."""
+"""Packing lineage: bins → packed JSON → WebDataset shards → Energon dataset (per source) → training mix."""
 
+import shutil
 import time
 
 import dagster as dg
@@ -8,10 +9,23 @@ import pandas as pd
 
 from vlm_assets.atomic import atomic_open, write_parquet
 from vlm_assets.catalog.build import read_catalog
-from vlm_assets.defs.packing import checks
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
-from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig, versioned
-from vlm_assets.packing.energon import prepare_energon_dataset
+from vlm_assets.defs.packing import checks
+from vlm_assets.defs.resources import (
+    HEAVY_POOL,
+    SOURCES_PARTITIONS,
+    VlmConfig,
+    versioned,
+)
+from vlm_assets.packing.energon import MAIN_FOLDER_NAME, prepare_energon_dataset
+from vlm_assets.packing.mix import (
+    MixError,
+    blended,
+    mix_entries,
+    mix_table_md,
+    token_shares,
+    write_metadataset,
+)
 from vlm_assets.packing.plan import fill_ratio, plan_packing, read_bins
 from vlm_assets.packing.records import build_records, read_records, write_jsonl
 from vlm_assets.packing.report import fill_summary_md, reject_counts_md
@@ -48,7 +62,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         plan = plan_packing(
             catalog,
             lengths,
-            app.sample.sample_type,
+            app.sample_type_of(vlm_config.source(source)),
             app.sample.max_token_len,
             catalog_name=str(catalog_path),
             lengths_name=str(lengths_path),
@@ -88,14 +102,15 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
     source = _source(context, vlm_config)
     fingerprint = vlm_config.fingerprints.of("packed_json", source)
     path = layout.packed_json(source)
+    sample_type = app.sample_type_of(vlm_config.source(source))
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
         bins = read_bins(layout.bins(source))
         catalog = read_catalog(layout.catalog(source))
         with atomic_open(path, "wb") as handle:
-            count = write_jsonl(build_records(source, bins, catalog, app.sample.sample_type), handle)
+            count = write_jsonl(build_records(source, bins, catalog, sample_type), handle)
     context.log.info(f"{source}: {count} packed records -> {path}")
     return dg.MaterializeResult(**versioned(
-        {"path": dg.MetadataValue.path(str(path)), "records": count, "sample_type": app.sample.sample_type}, fingerprint
+        {"path": dg.MetadataValue.path(str(path)), "records": count, "sample_type": sample_type}, fingerprint
     ))
 
 
@@ -144,26 +159,66 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
 
 
 @dg.asset(
+    partitions_def=SOURCES_PARTITIONS,
     automation_condition=FOLLOWS_UPSTREAM,
-    deps=[dg.AssetDep(packed_wds_shards, partition_mapping=dg.AllPartitionMapping())],
+    deps=[packed_wds_shards],
     group_name=GROUP,
     kinds={"energon"},
-    description="Energon metadata (.nv-meta, tar indexes) over every configured source's shards, from energon's own prepare.",
+    description="The source's own Energon dataset: .nv-meta and tar indexes beside its shards, from energon's own prepare.",
 )
 def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app, layout = vlm_config.app, vlm_config.layout
-    root = layout.packed_wds_root
-    fingerprint = vlm_config.fingerprints.of("energon_dataset")
-    sources = [source.name for source in vlm_config.sources()]
-    with vlm_config.locked(context.log, exclusive=[layout.ENERGON_LOCK], shared=map(layout.source_lock, sources)):
-        shards = [shard for source in sources for shard in list_shards(layout.packed_wds(source))]
-        context.log.info(f"preparing Energon metadata over {plural(len(shards), 'shard')} under {root}")
-        dataset = prepare_energon_dataset(root, shards, app.sample.sample_type)
-    context.log.info(f"Energon indexed {plural(dataset.sample_count, 'sample')} -> {dataset.meta_dir}")
+    source = vlm_config.source(context.partition_key)
+    root = layout.packed_wds(source.name)
+    fingerprint = vlm_config.fingerprints.of("energon_dataset", source.name)
+    subflavors = {**source.subflavors, "sample_type": app.sample_type_of(source), "source": source.name}
+    # Everything it writes is under the source's folder: other sources' metadata is never touched.
+    with vlm_config.locked(context.log, exclusive=[layout.source_lock(source.name)]):
+        shards = list_shards(root)
+        context.log.info(f"{source.name}: preparing Energon metadata over {plural(len(shards), 'shard')} in {root}")
+        dataset = prepare_energon_dataset(root, shards, subflavors)
+    context.log.info(f"{source.name}: Energon indexed {plural(dataset.sample_count, 'sample')} -> {dataset.meta_dir}")
     return dg.MaterializeResult(**versioned({
         "path": dg.MetadataValue.path(str(root)),
         "meta_dir": dg.MetadataValue.path(str(dataset.meta_dir)),
         "shards": len(dataset.shards),
         "samples": dataset.sample_count,
-        "sample_type": app.sample.sample_type,
+        "subflavors": dg.MetadataValue.json(subflavors),
+    }, fingerprint))
+
+
+@dg.asset(
+    automation_condition=FOLLOWS_UPSTREAM,
+    deps=[dg.AssetDep(energon_dataset, partition_mapping=dg.AllPartitionMapping())],
+    group_name=GROUP,
+    kinds={"energon", "yaml"},
+    description="packed_wds/metadataset.yaml: an Energon MetadatasetV2 blending every source's dataset by its "
+    "`weight`, with subflavors sample_type and source; the metadata shows each source's share of training tokens.",
+)
+def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+    layout = vlm_config.layout
+    fingerprint = vlm_config.fingerprints.of("training_mix")
+    sources = vlm_config.sources()
+    path = layout.metadataset
+    with vlm_config.locked(context.log, exclusive=[layout.TRAINING_MIX_LOCK], shared=[layout.source_lock(s.name) for s in sources]):
+        try:
+            entries = mix_entries(vlm_config.app, sources, layout)
+        except MixError as error:
+            raise dg.Failure(description=f"training_mix: {error}") from error
+        write_metadataset(path, entries)
+        # One dataset over every source (an earlier layout) would be packaged beside the mix, stale.
+        legacy = layout.packed_wds_root / MAIN_FOLDER_NAME
+        if legacy.is_dir():
+            shutil.rmtree(legacy)
+            context.log.info(f"removed {legacy}: each source now has its own Energon dataset")
+    tokens = token_shares(entries)
+    context.log.info("training mix: " + ", ".join(f"{e.source} {tokens[e.source]:.1%} of tokens" for e in entries))
+    return dg.MaterializeResult(**versioned({
+        "path": dg.MetadataValue.path(str(path)),
+        "sources": len(entries),
+        "blended_sources": len(blended(entries)),
+        "bins": sum(entry.bins for entry in entries),
+        "tokens": sum(entry.tokens for entry in entries),
+        "mix": dg.MetadataValue.md(mix_table_md(entries)),
+        "token_shares": dg.MetadataValue.json({source: round(share, 6) for source, share in tokens.items()}),
     }, fingerprint))

@@ -1,5 +1,6 @@
 """Asset checks of the packing lineage. Each re-reads what was written to disk."""
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -9,6 +10,14 @@ import pandas as pd
 
 from vlm_assets.config import AppConfig
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.packing.mix import (
+    DRAW_SEED,
+    SHARE_SIGMAS,
+    MixError,
+    draws_needed,
+    judge_draws,
+    mix_entries,
+)
 from vlm_assets.packing.plan import fill_ratio, read_bins
 from vlm_assets.packing.records import record_id
 from vlm_assets.packing.verify import (
@@ -71,8 +80,10 @@ def shard_members_result(shards: list[Path], jsonl_path: Path) -> dg.AssetCheckR
 
 @dg.asset_check(
     asset="energon_dataset",
+    partitions_def=SOURCES_PARTITIONS,
     blocking=True,
-    description="Load every sample through Energon's loader (stateless cooker, errors re-raised); ids must equal the bins'.",
+    description="Load every sample of the source's dataset through Energon's loader (stateless cooker, errors "
+    "re-raised); ids must equal the bins'.",
 )
 def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig) -> dg.AssetCheckResult:
     from vlm_assets.packing.energon_loader import (
@@ -80,17 +91,13 @@ def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_confi
     )
 
     layout = vlm_config.layout
-    sources = [source.name for source in vlm_config.sources()]
-    # Shared with other readers; excludes shard writers and a re-prepare while Energon reads.
-    with vlm_config.locked(context.log, shared=[layout.ENERGON_LOCK, *map(layout.source_lock, sources)]):
-        expected = [
-            record_id(source, int(bin_id))
-            for source in sources
-            if layout.bins(source).exists()
-            for bin_id in read_bins(layout.bins(source))["bin_id"]
-        ]
-        loaded = load_all_ids(layout.packed_wds_root)
-    context.log.info(f"Energon loaded {plural(len(loaded), 'sample')}; the bins expect {len(expected)}")
+    source = context.partition_key
+    # Shared with other readers; excludes the shard writers and a re-prepare while Energon reads.
+    with vlm_config.locked(context.log, shared=[layout.source_lock(source)]):
+        bins_path = layout.bins(source)
+        expected = [record_id(source, int(bin_id)) for bin_id in read_bins(bins_path)["bin_id"]] if bins_path.exists() else []
+        loaded = load_all_ids(layout.packed_wds(source))
+    context.log.info(f"{source}: Energon loaded {plural(len(loaded), 'sample')}; the bins expect {len(expected)}")
     duplicates = sorted(key for key, count in Counter(loaded).items() if count > 1)
     missing = sorted(set(expected) - set(loaded))
     unexpected = sorted(set(loaded) - set(expected))
@@ -102,5 +109,53 @@ def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_confi
             "missing": dg.MetadataValue.json(missing[:20]),
             "unexpected": dg.MetadataValue.json(unexpected[:20]),
             "duplicates": dg.MetadataValue.json(duplicates[:20]),
+        },
+    )
+
+
+@dg.asset_check(
+    asset="training_mix",
+    blocking=True,
+    description="Draw from metadataset.yaml with Energon's get_train_dataset (fixed seed): every weighted source is "
+    f"drawn, each source's drawn share within {SHARE_SIGMAS:g} binomial standard errors of its weight share, and "
+    "every drawn sample's source and sample_type subflavors match its record.",
+)
+def training_mix_draws_match_weights(context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig) -> dg.AssetCheckResult:
+    from vlm_assets.packing.energon_loader import (
+        draw_from_metadataset,  # imports torch: only when the check runs
+    )
+
+    layout = vlm_config.layout
+    sources = vlm_config.sources()
+    with vlm_config.locked(context.log, shared=[layout.TRAINING_MIX_LOCK, *(layout.source_lock(s.name) for s in sources)]):
+        try:
+            entries = mix_entries(vlm_config.app, sources, layout)
+        except MixError as error:
+            return dg.AssetCheckResult(passed=False, metadata={"error": str(error)})
+        draws = draws_needed(entries)
+        started = time.perf_counter()
+        drawn = draw_from_metadataset(layout.metadataset, draws, DRAW_SEED)
+    context.log.info(f"drew {plural(len(drawn), 'sample')} through Energon in {time.perf_counter() - started:.1f}s")
+    report = judge_draws(entries, [sample.source for sample in drawn])
+    sample_types = {entry.source: entry.sample_type for entry in entries}
+    mislabelled = sorted({
+        sample.record["id"] for sample in drawn
+        if not sample.record["id"].startswith(f"{sample.source}_")
+        or not sample.sample_type == sample.record["sample_type"] == sample_types.get(sample.source)
+    })
+    problems = list(report.problems)
+    if mislabelled:
+        problems.append(f"{len(mislabelled)} drawn sample(s) whose source or sample_type subflavor does not match "
+                        f"the record, e.g. {mislabelled[:5]}")
+    if len(drawn) < draws:
+        problems.append(f"Energon yielded {len(drawn)} samples, {draws} were asked for")
+    return dg.AssetCheckResult(
+        passed=not problems,
+        metadata={
+            "draws": report.draws,
+            "seed": DRAW_SEED,
+            "sigmas": SHARE_SIGMAS,
+            "shares": dg.MetadataValue.md(report.table_md()),
+            "problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none"),
         },
     )
