@@ -56,6 +56,10 @@ class StorageLayout:
         """The frame cache built with `settings` (the config's `frame_cache:` section); use this one."""
         return self.frame_cache(settings.frame_size, settings.num_frames)
 
+    def mosaic_spool(self, settings: FrameCacheConfig) -> Path:
+        """Mosaics the catalogue rendered for that frame cache, until its shards take them (outside it: not packaged)."""
+        return self.root / "spool" / "frame_cache" / str(settings.frame_size) / str(settings.num_frames)
+
     @property
     def packages(self) -> Path:
         return self.root / "packages"
