@@ -194,7 +194,7 @@ def test_catalogue_pass_feeds_plan_and_shards_like_a_fresh_decode(videos, trunca
     for path in [*videos.values(), *truncated.values()]:
         (media / path.name).write_bytes(path.read_bytes())
     source = _jsonl_source(media, sorted(media.iterdir()))
-    spool = MosaicSpool(tmp_path / "spooled", SMALL)
+    spool = MosaicSpool(tmp_path / "spool", SMALL)
     catalog = build_catalog(source, validator=MediaValidator(SMALL.num_frames, mosaic_spool=spool))
     rows = dict(zip(catalog.sample_id, catalog.itertuples()))
     for name in truncated:
@@ -203,7 +203,7 @@ def test_catalogue_pass_feeds_plan_and_shards_like_a_fresh_decode(videos, trunca
     assert sorted(Path(ref).name for _, ref in accepted) == sorted(COUNTED)
 
     spooled = _cache(tmp_path / "spooled", accepted, spool)
-    assert not list((tmp_path / "spooled" / "spool").rglob("*.jpg"))  # taken by the shards
+    assert list((tmp_path / "spool").rglob("*.json")) == []  # taken by the shards
     fresh = _cache(tmp_path / "fresh", accepted, None)
     assert spooled == fresh
     for shard in {row["shard"] for row in fresh}:
@@ -221,7 +221,7 @@ def test_plan_and_shard_take_the_catalogue_pass_instead_of_decoding(videos, tmp_
     mtime kept, the file identity the spool trusts), yet the plan and the shard complete from the spool."""
     video = tmp_path / "clip.avi"
     video.write_bytes(videos["zero_size.avi"].read_bytes())
-    spool = MosaicSpool(tmp_path / "cache", SMALL)
+    spool = MosaicSpool(tmp_path / "spool", SMALL)
     assert MediaValidator(SMALL.num_frames, mosaic_spool=spool).error_for(str(video), "video") == ""
     stat = video.stat()
     video.write_bytes(b"\0" * stat.st_size)
@@ -233,9 +233,9 @@ def test_plan_and_shard_take_the_catalogue_pass_instead_of_decoding(videos, tmp_
 def test_stale_or_damaged_spool_entries_are_decoded_afresh(videos, tmp_path):
     video = tmp_path / "clip.mp4"
     video.write_bytes(videos["vfr.mp4"].read_bytes())
-    spool = MosaicSpool(tmp_path / "cache", SMALL)
+    spool = MosaicSpool(tmp_path / "spool", SMALL)
     spool.render(str(video))
-    jpeg = next((tmp_path / "cache" / "spool").rglob("*.jpg"))
+    jpeg = next((tmp_path / "spool").rglob("*.jpg"))
     jpeg.write_bytes(jpeg.read_bytes()[:-10])
     indices = sample_indices(40, SMALL.num_frames)
     assert spool.sampled(str(video)).frame_indices == indices

@@ -177,7 +177,7 @@ def load_frames_source(path: Path, source: str, media_root: Path) -> dict[str, S
             video = next((record[name] for name in _PATH_FIELDS if name in record), None)
             total = next((record[name] for name in _TOTAL_FIELDS if name in record), None)
             if not isinstance(video, str) or not isinstance(total, int):
-                raise ValueError(f"{path}:{number}: needs a video path and an integer total frame count")
+                raise ValueError(f"{path}:{number}: needs a video path and an integer total frame count")  # noqa: TRY004 (bad input, not a bad call)
             relative = Path(video)
             if relative.is_absolute():
                 relative = relative.relative_to(media_root)

@@ -1,7 +1,8 @@
 """Mosaics rendered while the catalogue validates each video, taken by the plan and the shards.
 
 The catalogue has to decode every video to prove it readable. Rendering the frame-cache mosaic
-in that same pass and keeping it here (`<frame cache>/spool/`) lets `video_frame_plan` read the
+in that same pass and keeping it in the spool (`StorageLayout.mosaic_spool`, beside the frame cache
+rather than in it, so packages never carry it) lets `video_frame_plan` read the
 frame count instead of demuxing the video again and `frame_cache_shard` copy the JPEG instead of
 decoding it again. An entry counts only while the video file has the size and mtime it was
 rendered from, the frame-cache settings are unchanged and its JPEG matches the recorded digest;
@@ -24,12 +25,9 @@ from vlm_assets.frames.plan import file_identity
 from vlm_assets.frames.probe import SampledFrames
 from vlm_assets.frames.render import mosaic_settings, render_mosaic
 
-SPOOL_DIR = "spool"
-
-
 @dataclass(frozen=True)
 class SpoolEntry:
-    """Contents of spool/<hh>/<key>.json, written after its .jpg."""
+    """Contents of <spool>/<hh>/<key>.json, written after its .jpg."""
 
     video: str  # file identity (real path, or the tar member ref)
     fingerprint: str  # size, mtime and mosaic settings the JPEG was rendered from
@@ -44,8 +42,8 @@ class SpoolEntry:
 
 
 class MosaicSpool:
-    def __init__(self, cache_dir: Path, config: FrameCacheConfig) -> None:
-        self.root = cache_dir / SPOOL_DIR
+    def __init__(self, root: Path, config: FrameCacheConfig) -> None:
+        self.root = root
         self.config = config
         self._check = "mosaic:" + ",".join(str(value) for value in mosaic_settings(config))
 

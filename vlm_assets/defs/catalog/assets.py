@@ -45,7 +45,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
     with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
         check_log = MediaCheckLog(vlm_config.layout.media_checks(source.name))
         # The validating decode also renders each video's frame-cache mosaic, for the plan and shards to take.
-        spool = MosaicSpool(vlm_config.layout.frame_cache_dir(app.frame_cache), app.frame_cache)
+        spool = MosaicSpool(vlm_config.layout.mosaic_spool(app.frame_cache), app.frame_cache)
         validator = MediaValidator(app.frame_cache.num_frames, check_log, spool)
         frame = build_catalog(
             source,

@@ -86,7 +86,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     # append to the same old plan and one's videos would be lost.
     with vlm_config.locked(context.log, exclusive=[frame_cache_lock(vlm_config, "plan")]):
         existing = read_plan(cache_dir)
-        spool = MosaicSpool(cache_dir, app.frame_cache)
+        spool = MosaicSpool(vlm_config.layout.mosaic_spool(app.frame_cache), app.frame_cache)
         known = _known_frames(vlm_config, context.log)
         plan, added = extend_plan(existing, videos, app.frame_cache, known, report, decoded=spool.sampled)
         write_plan(cache_dir, plan)
@@ -136,7 +136,7 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
     started = time.perf_counter()
     locks = {"shared": [frame_cache_lock(vlm_config, "content")], "exclusive": [frame_cache_lock(vlm_config, shard)]}
     with vlm_config.locked(context.log, **locks):
-        spool = MosaicSpool(cache_dir, settings)
+        spool = MosaicSpool(vlm_config.layout.mosaic_spool(settings), settings)
         record, reused = ensure_shard(cache_dir, shard, members, settings, on_video=report, spool=spool)
     seconds = time.perf_counter() - started
     context.log.info(f"{shard}: {'reused' if reused else 'built'} — {len(record.entries)} cached, {len(record.failures)} failed")
