@@ -35,13 +35,15 @@ CREATED_AT = "2024-01-02T03:04:05Z"
 
 
 def make_dataset(root: Path) -> dict[str, bytes]:
-    """A small packed_wds-like tree (shards + .nv-meta) and a frame-cache-like tree; returns relpath -> bytes."""
+    """A small packed_wds-like tree (a source's shards and .nv-meta, the metadataset) and a frame-cache-like
+    tree; returns relpath -> bytes."""
     # Random bytes stand in for JPEG-heavy shards (stored uncompressed), text for compressible ones.
     files = {
         "packed_wds/src_a/pretrain-000000.tar": os.urandom(300_000),
         "packed_wds/src_a/pretrain-000001.tar": b"shard " * 40_000,
-        "packed_wds/.nv-meta/dataset.yaml": b"__class__: CrudeWebdataset\nsubflavors: {sample_type: packed_vqa}\n",
-        "packed_wds/.nv-meta/split.yaml": b"split_parts: {train: [src_a/pretrain-000000.tar]}\n",
+        "packed_wds/src_a/.nv-meta/dataset.yaml": b"__class__: CrudeWebdataset\nsubflavors: {sample_type: packed_vqa}\n",
+        "packed_wds/src_a/.nv-meta/split.yaml": b"split_parts: {train: [pretrain-000000.tar]}\n",
+        "packed_wds/metadataset.yaml": b"__class__: MetadatasetV2\nsplits: {train: {blend: [{path: src_a}]}}\n",
         "frame_cache/part-00000.tar": os.urandom(200_000),
         "frame_cache/index.jsonl": b'{"video": "v/a.mp4", "shard": 0}\n',
         "frame_cache/empty.txt": b"",
@@ -349,7 +351,8 @@ def test_missing_part_is_a_clear_error(tmp_path: Path) -> None:
 COMMAND = (
     f"{sys.executable} -c \"import json, os, sys; "
     "open(os.path.join(os.environ['VLM_PACKAGE_WORKDIR'], 'calls.jsonl'), 'a').write(json.dumps(sys.argv[1:]) + '\\n'); "
-    "sys.exit(int(os.environ.get('EXIT_WITH', '0')))\" {packed_wds} {frame_cache} {hp[learning_rate]} {hyperparameters}"
+    "sys.exit(int(os.environ.get('EXIT_WITH', '0')))\" {packed_wds} {metadataset} {frame_cache} {hp[learning_rate]} "
+    "{hyperparameters}"
 )
 
 
@@ -361,8 +364,11 @@ def test_train_reuses_workdir_until_manifest_changes(tmp_path: Path, dataset, mo
 
     assert train_from_package(package, workdir=workdir) == 0
     calls = [json.loads(line) for line in (workdir / "calls.jsonl").read_text().splitlines()]
-    assert calls == [[str(workdir / "data/packed_wds"), str(workdir / "data/frame_cache"), "1e-05", '{"epochs": 2, "learning_rate": 1e-05}']]
-    assert (workdir / "data/packed_wds/.nv-meta/dataset.yaml").read_bytes() == files["packed_wds/.nv-meta/dataset.yaml"]
+    assert calls == [[str(workdir / "data/packed_wds"), str(workdir / "data/packed_wds/metadataset.yaml"),
+                      str(workdir / "data/frame_cache"), "1e-05", '{"epochs": 2, "learning_rate": 1e-05}']]
+    assert (workdir / "data/packed_wds/metadataset.yaml").read_bytes() == files["packed_wds/metadataset.yaml"]
+    meta = "packed_wds/src_a/.nv-meta/dataset.yaml"
+    assert (workdir / "data" / meta).read_bytes() == files[meta]
 
     shard = workdir / "data/packed_wds/src_a/pretrain-000000.tar"
     stamp = shard.stat().st_mtime_ns
@@ -385,8 +391,12 @@ def test_train_without_command_or_unknown_placeholder(tmp_path: Path, dataset) -
     package = write_package(make_spec(root, "gzip"), tmp_path / "run.nnpkg", created_at=CREATED_AT).path
     with pytest.raises(PackageError, match="no training command"):
         train_from_package(package)
-    with pytest.raises(PackageError, match=r"'nope'.*\{packed_wds\}"):
+    with pytest.raises(PackageError, match=r"'nope'.*\{packed_wds\}, \{metadataset\}"):
         train_from_package(package, command="train --x {nope}")
+    frames_only = make_spec(root, "gzip", parts=(PackagePart("frame_cache", root / "frame_cache"),))
+    package = write_package(frames_only, tmp_path / "frames.nnpkg", created_at=CREATED_AT).path
+    with pytest.raises(PackageError, match=r"placeholder 'metadataset' is not available \(available: \{frame_cache\}"):
+        train_from_package(package, command="train --mix {metadataset}")
 
 
 def run_cli(*argv: str) -> int:
@@ -412,11 +422,11 @@ def test_cli_end_to_end(tmp_path: Path, dataset, capsys) -> None:
 
     assert run_cli("info", str(package)) == 0
     info = capsys.readouterr().out
-    assert "name:        demo" in info and "learning_rate: 1e-05" in info and "packed_wds: 4 files" in info
+    assert "name:        demo" in info and "learning_rate: 1e-05" in info and "packed_wds: 5 files" in info
 
     assert run_cli("list", str(package)) == 0
     listing = capsys.readouterr().out
-    assert "data/packed_wds/.nv-meta/dataset.yaml" in listing and len(listing.splitlines()) == len(files)
+    assert "data/packed_wds/metadataset.yaml" in listing and len(listing.splitlines()) == len(files)
 
     assert run_cli("verify", str(package)) == 0
     assert "OK" in capsys.readouterr().out

@@ -40,8 +40,9 @@ def write_config(tmp_path: Path, sources: tuple[str, ...] = (), **package) -> Pa
 def make_outputs(root: Path, frame_cache: bool = True) -> None:
     files = {
         "packed_wds/demo/pretrain-000000.tar": os.urandom(50_000),
-        "packed_wds/.nv-meta/dataset.yaml": b"__class__: CrudeWebdataset\n",
-        "packed_wds/.nv-meta/.info.json": b"{}",
+        "packed_wds/demo/.nv-meta/dataset.yaml": b"__class__: CrudeWebdataset\n",
+        "packed_wds/demo/.nv-meta/.info.json": b"{}",
+        "packed_wds/metadataset.yaml": b"__class__: MetadatasetV2\n",
     }
     if frame_cache:
         files["frame_cache/56/4/part-00000.tar"] = b"frames" * 10_000
@@ -68,18 +69,19 @@ def test_asset_writes_verified_package_with_metadata(tmp_path: Path) -> None:
 
     package = tmp_path / "data/packages/exp1.nnpkg.zst"
     metadata = result.asset_materializations_for_node("training_package")[0].metadata
-    assert metadata["file_count"].value == 5
+    assert metadata["file_count"].value == 6
     assert metadata["size_bytes"].value == package.stat().st_size
     assert metadata["compression_ratio"].value > 1.0
     [check] = result.get_asset_check_evaluations()
-    assert check.passed and check.metadata["files_checked"].value == 5
+    assert check.passed and check.metadata["files_checked"].value == 6
 
     manifest = read_manifest(package)
     assert manifest.hyperparameters == {"lr": 0.001}
     assert {entry.role for entry in manifest.files} == {"packed_wds", "frame_cache"}
     target = tmp_path / "x"
     extract_package(package, target)
-    assert (target / "data/packed_wds/.nv-meta/dataset.yaml").read_bytes() == b"__class__: CrudeWebdataset\n"
+    assert (target / "data/packed_wds/demo/.nv-meta/dataset.yaml").read_bytes() == b"__class__: CrudeWebdataset\n"
+    assert (target / "data/packed_wds/metadataset.yaml").read_bytes() == b"__class__: MetadatasetV2\n"
     assert (target / "data/frame_cache/part-00000.tar").exists()
 
 

@@ -241,7 +241,8 @@ def test_every_configured_source_needs_packed_shards(tmp_path: Path) -> None:
     (layout.packed_wds("beta") / "pretrain-000000.tar.idx").write_bytes(b"")
     assert input_problems(app, layout) == [
         f"source 'beta' has no packed shards: no pretrain-*.tar in {layout.packed_wds('beta')} "
-        "(materialise packed_wds_shards for it, or remove it from the config)"
+        "(materialise packed_wds_shards for it, or remove it from the config)",
+        f"no training mix: {layout.metadataset} does not exist (materialise training_mix)",
     ]
     assert missing_shards(layout, ["alpha"]) == []
     frames_only = load_config(app_config(tmp_path, ["frame_cache"], ["alpha", "beta"]))
@@ -277,6 +278,8 @@ def test_frame_cache_is_checked_only_when_packaged(tmp_path: Path) -> None:
     cache_dir = layout.frame_cache(56, 4)
     cache_dir.mkdir(parents=True)
     planned(cache_dir, ["k0"])
+    layout.metadataset.parent.mkdir(parents=True)
+    layout.metadataset.write_text("__class__: MetadatasetV2\n")
     assert input_problems(shards_only, layout) == []
     both = load_config(app_config(tmp_path, ["packed_wds", "frame_cache"], []))
     assert len(input_problems(both, layout)) == 1

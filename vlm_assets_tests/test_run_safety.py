@@ -58,17 +58,18 @@ def test_a_clean_run_elsewhere_gives_the_same_bytes_and_an_unchanged_rerun_does_
     mtimes = {path: path.stat().st_mtime_ns for path in outputs}
     again = run(config, home, *WORKERS)
     assert again.returncode == 0, again.stdout[-3000:]
-    assert "0 run(s), 0 materialisation(s), 21 up to date" in again.stdout
+    assert "0 run(s), 0 materialisation(s), 24 up to date" in again.stdout
     rewritten = [str(path) for path, mtime in mtimes.items() if path.stat().st_mtime_ns != mtime]
     assert rewritten == []
 
-    # A changed section rebuilds exactly what reads it: wds.maxcount → shards, Energon metadata, package.
+    # A changed section rebuilds exactly what reads it: wds.maxcount → shards, their Energon metadata, the mix, package.
     changed = site_config(demo_config_path, tmp_path, wds={"maxcount": 2})
     rebuilt = run(changed, home, *WORKERS)
     assert rebuilt.returncode == 0, rebuilt.stdout[-3000:]
     launched = sorted(line.split(" ", 1)[1] for line in rebuilt.stdout.splitlines() if line.startswith("▶ "))
-    assert launched == ["energon_dataset", "packed_wds_shards [demo_images]", "packed_wds_shards [demo_video]",
-                        "packed_wds_shards [demo_wds]", "training_package"]
+    assert launched == [*(f"{asset} [{source}]" for asset in ("energon_dataset", "packed_wds_shards")
+                          for source in ("demo_images", "demo_video", "demo_wds")),
+                        "training_mix", "training_package"]
     forced = run(changed, home, *WORKERS, "--select", "packed_json", "--force")
     assert forced.returncode == 0 and "0 up to date" in forced.stdout
 
@@ -157,7 +158,7 @@ def test_readers_never_see_energon_metadata_being_rewritten(reference, demo_conf
     config = site_config(demo_config_path, tmp_path)
     home = tmp_path / "home"
     assert run(config, home, *WORKERS, "--select", "energon_dataset").returncode == 0
-    root = load_config(config).storage_root / "packed_wds"
+    root = load_config(config).storage_root / "packed_wds" / "demo_images"
     expected_ids = sorted(load_all_ids(root))
     failures, stop = [], threading.Event()
 
