@@ -68,7 +68,9 @@ def _load(samples_dir: str):
     from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
     from vlm_assets.tokens.processor import load_processor
 
-    frame = build_catalog(SourceConfig("bench", "flat_dir", Path(samples_dir), Path(samples_dir)))
+    # The records name images generated beside the samples and real ones under SHARED, by absolute path.
+    allowed = (Path(samples_dir).parent, SHARED)
+    frame = build_catalog(SourceConfig("bench", "flat_dir", Path(samples_dir), Path(samples_dir), allowed_roots=allowed))
     ok = frame[frame.status == "ok"]
     samples = [SampleForLength(r.sample_id, r.messages, list(r.media_kinds), list(r.media_refs)) for r in ok.itertuples()]
     processor = load_processor(ModelConfig(processor_kwargs={"min_pixels": 3136, "max_pixels": 1003520}))

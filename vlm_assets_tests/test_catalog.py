@@ -71,7 +71,9 @@ def test_real_broken_media_are_rejected_with_the_file_named(tmp_path, real_file)
         (tmp_path / f"{Path(name).stem}.json").write_text(json.dumps(
             {"messages": [{"role": "user", "content": "<image>?"}, {"role": "assistant", "content": "!"}],
              "images": [str(real_file(f"Pillow/Tests/images/{name}"))]}))
-    rows = by_id(build_catalog(SourceConfig("p", "flat_dir", tmp_path, tmp_path)))
+    # The images stay where they are: their directory is an allowed root of the source.
+    images = real_file("Pillow/Tests/images/broken.png").parent
+    rows = by_id(build_catalog(SourceConfig("p", "flat_dir", tmp_path, tmp_path, allowed_roots=(images,))))
     assert "unreadable image" in rows["p/truncated_jpeg.json"].reason and "truncated_jpeg.jpg" in rows["p/truncated_jpeg.json"].reason
     assert "unreadable image" in rows["p/broken.json"].reason and "broken.png" in rows["p/broken.json"].reason
     assert rows["p/hopper_orientation_6.json"].status == "ok"
@@ -83,7 +85,8 @@ def test_real_undecodable_video_is_rejected_at_the_catalogue(tmp_path, real_file
     lines = [json.dumps({"messages": [{"role": "user", "content": "<video>?"}], "videos": [str(path)]})
              for path in (corrupted, fine)]
     (tmp_path / "v.jsonl").write_text("\n".join(lines))
-    frame = build_catalog(SourceConfig("v", "jsonl", tmp_path / "v.jsonl", tmp_path))
+    frame = build_catalog(SourceConfig("v", "jsonl", tmp_path / "v.jsonl", tmp_path,
+                                       allowed_roots=(corrupted.parent, fine.parent)))
     assert list(frame.status) == ["rejected", "ok"]
     assert "corrupted.mp4" in frame.iloc[0].reason and "unreadable video" in frame.iloc[0].reason
 

@@ -53,7 +53,7 @@ def test_fast_equals_exact_on_real_images_and_videos(tmp_path, shared_data, proc
         (tmp_path / f"v{index}.json").write_text(json.dumps(
             {"messages": [{"role": "user", "content": "<video>What?"}, {"role": "assistant", "content": "That."}],
              "videos": [str(shared_data / video)]}))
-    samples = samples_of(build_catalog(SourceConfig("real", "flat_dir", tmp_path, tmp_path)))
+    samples = samples_of(build_catalog(SourceConfig("real", "flat_dir", tmp_path, tmp_path, allowed_roots=(shared_data,))))
     assert len(samples) == len(images) + len(videos)
     counter = LengthCounter(processor, SMALL_CLIPS)
     assert_fast_equals_exact(counter, samples)

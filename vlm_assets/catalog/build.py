@@ -151,20 +151,27 @@ def _rejected(reason: str) -> dict:
     }
 
 
+# What one record's data can make fail; anything else is a bug here and stops the source.
+_RECORD_ERRORS = (SampleError, OSError, ValueError, RecursionError)
+
+
 def iter_catalog_rows(source: SourceConfig, text_key: str, validator: MediaValidator) -> Iterator[dict]:
-    seen: set[str] = set()
+    """One row per input record, in reading order: each record fails alone, none is dropped."""
+    seen: dict[str, str] = {}  # sample id -> origin it was first read from
     for raw in read_source(source):
-        if raw.error:
+        if raw.sample_id in seen:
+            row = _rejected(f"duplicate sample id {raw.sample_id!r}, first read from {seen[raw.sample_id]} [{raw.origin}]")
+            raw.sample_id = f"{raw.sample_id}#dup{len(seen)}"
+        elif raw.error:
             row = _rejected(raw.error)
         else:
             try:
                 row = _catalog_row(raw, text_key, validator)
             except SampleError as error:
                 row = _rejected(f"{error} [{raw.origin}]")
-        if raw.sample_id in seen:
-            row = _rejected(f"duplicate sample id {raw.sample_id!r} [{raw.origin}]")
-            raw.sample_id = f"{raw.sample_id}#dup{len(seen)}"
-        seen.add(raw.sample_id)
+            except _RECORD_ERRORS as error:
+                row = _rejected(f"{type(error).__name__}: {error} [{raw.origin}]")
+        seen[raw.sample_id] = raw.origin
         yield {"sample_id": raw.sample_id, "source": source.name, "origin": raw.origin, **row}
 
 
