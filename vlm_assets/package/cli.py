@@ -166,7 +166,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     package = subparsers.add_parser(
         "package",
         help="training packages: recipe + dataset in one verified .nnpkg file",
-        description="Bundle the packed WDS dataset (with .nv-meta), optionally the frame cache, and the training "
+        description="Bundle the packed WDS datasets (with each source's .nv-meta and the metadataset), optionally the frame cache, and the training "
         "recipe into one file (.nnpkg = gzip tar, .nnpkg.zst = zstd tar; detected by magic number, not name). "
         "manifest.json comes first and lists every file with role, size and sha256.",
         epilog=_EPILOG,
@@ -225,7 +225,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="verify, extract once into a reusable workdir, run the package's train_command",
         description="Verify and extract the package into WORKDIR (reused while the manifest is unchanged), then run "
         "the training command with placeholders filled: {<role>} (e.g. {packed_wds}, {frame_cache}) = extracted "
-        "folder, {workdir}, {manifest}, {hyperparameters} (JSON), {hp[KEY]}. Exits with the command's exit code. "
+        "folder, {metadataset} = the extracted training mix (packed_wds/metadataset.yaml), {workdir}, {manifest}, "
+        "{hyperparameters} (JSON), {hp[KEY]}. Exits with the command's exit code. "
         "Options may come before or after PACKAGE; arguments after `--` are appended to the command.",
     )
     train.add_argument("--workdir", help="extraction folder (default: <package>.d)")
