@@ -166,8 +166,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     package = subparsers.add_parser(
         "package",
         help="training packages: recipe + dataset in one verified .nnpkg file",
-        description="Bundle the packed WDS datasets (with each source's .nv-meta and the metadataset), optionally the frame cache, and the training "
-        "recipe into one file (.nnpkg = gzip tar, .nnpkg.zst = zstd tar; detected by magic number, not name). "
+        description="Bundle the packed WDS datasets (with each source's .nv-meta and the metadataset), optionally the "
+        "frame cache, and the training recipe into one file (.nnpkg = gzip tar, .nnpkg.zst = zstd tar; detected by magic number, not name). "
         "manifest.json comes first and lists every file with role, size and sha256.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
