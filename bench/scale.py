@@ -25,6 +25,13 @@ and --images small JPEG/PNG images with one- or two-turn conversations as anothe
    a run on the just-built, up-to-date instance (no --force: imports, definitions, instance,
    up-to-date checks; no worker is started) plus one worker's start-up (a process that builds
    the definitions as a worker does).
+3. Celery. (Needs Debian's redis-server and PostgreSQL's initdb; skipped with a note otherwise.)
+   A throwaway PostgreSQL (initdb in a temporary folder) and redis-server on loopback, two
+   `vlm-assets worker --concurrency 1` processes in their own folders and homes, then the frame-cache
+   target with `run --executor celery --workers 2 --force`, --repeats times on one config (the
+   storage root emptied between repeats). Prints the median wall time against the in-process runs
+   above (1 and 2 workers) and the overhead per step: the mean run time of each asset's runs, Celery
+   minus in-process with 2 workers.
 """
 
 from __future__ import annotations
@@ -35,11 +42,14 @@ import os
 import random
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -65,6 +75,7 @@ FRAME_CACHE = FrameCacheConfig(num_frames=64, frame_size=384, rows=4, cols=16, j
                                videos_per_shard=VIDEOS_PER_SHARD)
 TARGET_SPEEDUP = 1.8  # 2 workers on 2 cores
 TARGET_CPU_RATIO = 1.5
+TARGET_CELERY_SPEEDUP = 1.7  # Celery with 2 workers vs one in-process worker
 # Below this a one-worker run is dominated by fixed start-up, which says little about scaling.
 MIN_ONE_WORKER_S = 60
 CLIP_SIZES = [(320, 240), (480, 272), (640, 360)]
@@ -220,14 +231,16 @@ def fresh_workdir(target: Target, name: str) -> Path:
     return workdir
 
 
-def run_cli(workdir: Path, target: Target, workers: int, force: bool, log_name: str) -> Measured:
+def run_cli(workdir: Path, target: Target, workers: int, force: bool, log_name: str,
+            extra_env: dict[str, str] | None = None, executor: str = "in_process") -> Measured:
     command = [PYTHON, "-m", "vlm_assets.cli", "run", "--config", str(workdir / "vlm_assets.yaml"),
-               "--workers", str(workers), "--select", target.select] + (["--force"] if force else [])
+               "--workers", str(workers), "--select", target.select, "--executor", executor]
+    command += ["--force"] if force else []
     log = OUT / "logs" / f"{log_name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     cpu_before, busy_before, started = children_cpu(), machine_busy_cpu(), time.perf_counter()
     with open(log, "w", encoding="utf-8") as handle:
-        result = subprocess.run(command, cwd=ROOT, env=clean_env(workdir / "dagster_home"),
+        result = subprocess.run(command, cwd=ROOT, env={**clean_env(workdir / "dagster_home"), **(extra_env or {})},
                                 stdout=handle, stderr=subprocess.STDOUT)
     wall, cpu = time.perf_counter() - started, children_cpu() - cpu_before
     others = max(0.0, machine_busy_cpu() - busy_before - cpu) / wall
@@ -244,7 +257,8 @@ def attribute_time(home: Path, measured: Measured, since: float) -> None:
     from vlm_assets.runner import ASSET_TAG
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        records = [record for record in instance.get_run_records() if record.start_time and record.end_time]
+        records = [record for record in instance.get_run_records()
+                   if record.start_time and record.end_time and record.start_time >= since]
     intervals = []
     for record in records:
         asset = record.dagster_run.tags.get(ASSET_TAG, "?")
@@ -288,6 +302,126 @@ def shard_builder_cpu(clips: list[Path], scratch: Path) -> float:
     cpu = time.process_time() - started
     shutil.rmtree(scratch)
     return cpu
+
+
+# -- Celery: throwaway PostgreSQL and Redis, two workers ------------------------------------------
+
+def _as_postgres(command: list[str]) -> list[str]:
+    # initdb and postgres refuse to run as root.
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def celery_unavailable() -> str | None:
+    if shutil.which("redis-server") is None:
+        return "redis-server is not installed (Debian package redis-server)"
+    if not sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb")):
+        return "PostgreSQL's initdb is not installed (Debian package postgresql)"
+    return None
+
+
+@contextmanager
+def celery_cluster(workdir: Path, workers: int = 2) -> Iterator[dict[str, str]]:
+    """PostgreSQL, Redis and `workers` Celery workers for the config in `workdir`; yields the run's env."""
+    import redis
+
+    from vlm_assets.scale_out.executor import CELERY_BROKER_ENV, answering_workers
+
+    pg_bin = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda path: float(path.parent.name))[-1]
+    pg_dir = Path(tempfile.mkdtemp(prefix="vlm-assets-bench-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(pg_dir, "postgres")
+    pg_port, redis_port = _free_port(), _free_port()
+    processes: list[subprocess.Popen] = []
+    try:
+        subprocess.run(_as_postgres([str(pg_bin / "initdb"), "-D", str(pg_dir / "data"), "-U", "postgres",
+                                     "--auth=trust"]), check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(_as_postgres([str(pg_bin / "pg_ctl"), "-D", str(pg_dir / "data"), "-l", str(pg_dir / "log"),
+                                     "-w", "-o", f"-c listen_addresses=127.0.0.1 -p {pg_port} -k {pg_dir}", "start"]),
+                       check=True, stdout=subprocess.DEVNULL)
+        processes.append(subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, start_new_session=True))
+        client = redis.Redis(host="127.0.0.1", port=redis_port)
+        for _ in range(300):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        broker = f"redis://127.0.0.1:{redis_port}/0"
+        env = {CELERY_BROKER_ENV: broker, "VLM_ASSETS_PG_HOST": "127.0.0.1", "VLM_ASSETS_PG_PORT": str(pg_port),
+               "VLM_ASSETS_PG_USER": "postgres", "VLM_ASSETS_PG_DB": "postgres"}
+        for number in range(workers):
+            folder = workdir / f"worker{number}"
+            folder.mkdir(parents=True, exist_ok=True)
+            processes.append(subprocess.Popen(
+                [PYTHON, "-m", "vlm_assets.cli", "worker", "--config", str(workdir / "vlm_assets.yaml"),
+                 "--concurrency", "1"],
+                cwd=folder, env={**os.environ, **env, "DAGSTER_HOME": str(folder / "home")},
+                stdout=(folder / "worker.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + 180
+        while len(answering_workers(broker)) < workers:
+            if time.monotonic() > deadline or any(process.poll() is not None for process in processes):
+                raise SystemExit(f"Celery workers did not start; see {workdir}/worker*/worker.log")
+        yield env
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+        subprocess.run(_as_postgres([str(pg_bin / "pg_ctl"), "-D", str(pg_dir / "data"), "-m", "fast", "stop"]),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(pg_dir, ignore_errors=True)
+
+
+def compare_celery(target: Target, repeats: int) -> list[Measured]:
+    workdir = fresh_workdir(target, f"{target.source}-celery")
+    runs = []
+    saved = dict(os.environ)
+    with celery_cluster(workdir) as env:
+        os.environ.update(env)  # attribute_time opens the PostgreSQL instance, whose settings name these
+        for repeat in range(repeats):
+            shutil.rmtree(workdir / "vlm_data", ignore_errors=True)
+            since = time.time()
+            measured = run_cli(workdir, target, 2, force=True, log_name=f"{target.source}-celery-{repeat}",
+                               extra_env=env, executor="celery")
+            attribute_time(workdir / "dagster_home", measured, since)
+            runs.append(measured)
+            print(f"  {target.label}: Celery, 2 workers, run {repeat + 1}/{repeats}: {measured.wall:7.1f} s wall",
+                  flush=True)
+    os.environ.clear()
+    os.environ.update(saved)
+    shutil.rmtree(workdir)
+    return runs
+
+
+def print_celery(target: Target, in_process: dict[int, list[Measured]], celery: list[Measured]) -> None:
+    one, two, hop = median_of(in_process[1], "wall"), median_of(in_process[2], "wall"), median_of(celery, "wall")
+    verdict = "met" if one / hop >= TARGET_CELERY_SPEEDUP else "missed"
+    print(f"\n| {target.label} | wall (s) | vs 1 worker in-process | target |")
+    print("|---|---:|---:|---|")
+    print(f"| in-process, 1 worker | {one:.1f} | 1.00× | |")
+    print(f"| in-process, 2 workers | {two:.1f} | {one / two:.2f}× | |")
+    print(f"| Celery, 2 workers | {hop:.1f} | {one / hop:.2f}× | ≥ {TARGET_CELERY_SPEEDUP}×: {verdict} |")
+    local, remote = mean_in_runs(in_process[2]), mean_in_runs(celery)
+    counts = in_process[2][0].runs
+    print("\n| asset | runs | mean run, in-process (s) | mean run, Celery (s) | overhead per run (s) |")
+    print("|---|---:|---:|---:|---:|")
+    for asset, count in sorted(counts.items()):
+        mine, theirs = local.get(asset, 0.0) / count, remote.get(asset, 0.0) / count
+        print(f"| {asset} | {count} | {mine:.2f} | {theirs:.2f} | {theirs - mine:+.2f} |")
+    print(flush=True)
 
 
 # -- the comparisons -------------------------------------------------------------------------------
@@ -346,6 +480,7 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=12000, help="generated images in the image source")
     parser.add_argument("--repeats", type=int, default=2, help="runs per worker count; the median is reported")
     parser.add_argument("--quick", action="store_true", help="smoke run: 6 videos, 300 images, 1 repeat")
+    parser.add_argument("--no-celery", action="store_true", help="leave out the Celery comparison")
     args = parser.parse_args()
     if args.quick:
         args.videos, args.images, args.repeats = 6, 300, 1
@@ -410,6 +545,13 @@ def main() -> int:
           f"one worker {worker_cpu:.1f} s CPU")
     print(f"  net of start-up: {per_video_net * 1000:.0f} ms/video; decode-only {decode * 1000:.0f} ms/video")
     print(f"  load average {load_before:.2f} before, {load_after:.2f} after\n")
+
+    print("3. Celery (2 workers, throwaway PostgreSQL and Redis on loopback)", flush=True)
+    missing = "left out (--no-celery)" if args.no_celery else celery_unavailable()
+    if missing:
+        print(f"  skipped: {missing}\n", flush=True)
+    else:
+        print_celery(video_target, results[video_target.label], compare_celery(video_target, args.repeats))
 
     print("## Summary\n")
     print(f"{args.repeats} run(s) per cell, medians; {os.cpu_count()} cores.\n")
