@@ -247,3 +247,13 @@ def test_stale_or_damaged_spool_entries_are_decoded_afresh(videos, tmp_path):
     assert spool.sampled(str(video)) is None and spool.mosaic(str(video), indices) is None
     rows = _cache(tmp_path / "cache", [("s/clip.mp4", str(video))], spool)
     assert [row["total_frames"] for row in rows] == [50]
+
+
+def test_plan_drops_spooled_mosaics_of_videos_it_does_not_hold(videos, tmp_path):
+    spool = MosaicSpool(tmp_path / "spool", SMALL)
+    planned, orphan = str(videos["vfr.mp4"]), str(videos["b_frames.mp4"])
+    for ref in (planned, orphan):
+        spool.render(ref)
+    assert spool.keep_only([planned]) == 1
+    assert spool.sampled(orphan) is None and spool.sampled(planned) is not None
+    assert sorted(path.suffix for path in (tmp_path / "spool").rglob("*.*")) == [".jpg", ".json"]

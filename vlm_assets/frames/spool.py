@@ -7,7 +7,8 @@ frame count instead of demuxing the video again and `frame_cache_shard` copy the
 decoding it again. An entry counts only while the video file has the size and mtime it was
 rendered from, the frame-cache settings are unchanged and its JPEG matches the recorded digest;
 anything else is decoded afresh, so a stale or damaged entry costs time, never wrong frames.
-A shard removes its videos' entries once its done record is written.
+A shard removes its videos' entries once its done record is written, and the plan those of videos
+it does not hold (e.g. a video whose samples were rejected for another reason).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from vlm_assets.config import FrameCacheConfig
 from vlm_assets.frames.plan import file_identity
 from vlm_assets.frames.probe import SampledFrames
 from vlm_assets.frames.render import mosaic_settings, render_mosaic
+
 
 @dataclass(frozen=True)
 class SpoolEntry:
@@ -88,8 +90,23 @@ class MosaicSpool:
             for path in self._paths(ref):
                 path.unlink(missing_ok=True)
 
+    def keep_only(self, refs: Iterable[str]) -> int:
+        """Remove the entries of every video but `refs` (e.g. one whose samples were all rejected); returns how many.
+
+        An entry a catalogue adds meanwhile for a video not yet planned may go too: that only
+        costs its shard a decode.
+        """
+        keep = {_key(ref) for ref in refs}
+        removed = 0
+        for path in sorted(self.root.glob("*/*.json")) if self.root.is_dir() else []:
+            if path.stem not in keep:
+                path.unlink(missing_ok=True)
+                path.with_suffix(".jpg").unlink(missing_ok=True)
+                removed += 1
+        return removed
+
     def _paths(self, ref: str) -> tuple[Path, Path]:
-        key = hashlib.sha256(file_identity(ref).encode()).hexdigest()
+        key = _key(ref)
         folder = self.root / key[:2]
         return folder / f"{key}.json", folder / f"{key}.jpg"
 
@@ -114,3 +131,7 @@ class MosaicSpool:
         except (OSError, ValueError, TypeError):
             return None
         return entry if entry.fingerprint == current and entry.video == file_identity(ref) else None
+
+
+def _key(ref: str) -> str:
+    return hashlib.sha256(file_identity(ref).encode()).hexdigest()

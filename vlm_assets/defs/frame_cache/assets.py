@@ -90,6 +90,9 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         known = _known_frames(vlm_config, context.log)
         plan, added = extend_plan(existing, videos, app.frame_cache, known, report, decoded=spool.sampled)
         write_plan(cache_dir, plan)
+    orphans = spool.keep_only(video.ref for video in plan)
+    if orphans:
+        context.log.info(f"removed {plural(orphans, 'spooled mosaic')} of videos that are not in the plan")
     shards = list(shard_members(plan))
     known_keys = set(context.instance.get_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name))
     new_keys = [shard for shard in shards if shard not in known_keys]
