@@ -87,7 +87,7 @@ def iter_sampled_frames(
     try:
         if probe.timestamps_reliable:
             try:
-                yield from _by_timestamp(container, stream, probe, targets, name)
+                yield from _by_timestamp(container, stream, probe, targets)
                 return
             except _TimestampMismatch:
                 container.seek(0, backward=True)
@@ -101,7 +101,6 @@ def _by_timestamp(
     stream: av.video.stream.VideoStream,
     probe: VideoProbe,
     targets: list[int],
-    name: str,
 ) -> Iterator[tuple[int, av.VideoFrame]]:
     index_of_pts = {pts: i for i, pts in enumerate(probe.frame_pts)}
     position = -1
@@ -114,7 +113,7 @@ def _by_timestamp(
         while True:
             frame = next(frames, None)
             if frame is None:
-                raise VideoError(f"{name}: stream ended before frame {target} (truncated?)")
+                raise _TimestampMismatch  # fewer frames decode than were demuxed: count them from the start
             index = index_of_pts.get(frame.pts)
             # Decoding on must give the very next frame: a gap is a frame the decoder drops,
             # which a front-to-back decode would not count.
