@@ -23,10 +23,26 @@ from vlm_assets.config import FrameCacheConfig
 from vlm_assets.defs.frame_cache import defs as frame_cache_defs
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig
 from vlm_assets.frames import cli as frames_cli
-from vlm_assets.frames.decode import FrameResizer, decode_sampled_frames, opened_video, should_seek
+from vlm_assets.frames.decode import (
+    FrameResizer,
+    decode_sampled_frames,
+    opened_video,
+    should_seek,
+)
 from vlm_assets.frames.index import verify_coverage, verify_shard, write_index
-from vlm_assets.frames.plan import extend_plan, load_frames_source, read_plan, shard_members, write_plan
-from vlm_assets.frames.probe import SampledFrames, VideoError, probe_video, sample_indices
+from vlm_assets.frames.plan import (
+    extend_plan,
+    load_frames_source,
+    read_plan,
+    shard_members,
+    write_plan,
+)
+from vlm_assets.frames.probe import (
+    SampledFrames,
+    VideoError,
+    probe_video,
+    sample_indices,
+)
 from vlm_assets.frames.reader import FrameCacheReader
 from vlm_assets.frames.shard import done_path, ensure_shard, tar_path
 
@@ -188,8 +204,9 @@ def test_generated_clips_pick_the_sampled_frames(clips, name):
     probe = probe_video(path)
     expected_total = {"vp9.webm": 20, "mpeg4.avi": 24, "mjpeg.mkv": 12, "hevc.mov": 16, "long_gop.mp4": 120, "vfr.mp4": 40}
     assert probe.total_frames == expected_total.get(name, 30)
-    indices = sample_indices(probe.total_frames, 8)
-    frames = decode_sampled_frames(path, probe, indices, 32)
+    sampled, frames = decode_sampled_frames(path, 8, 32)
+    indices = sampled.frame_indices
+    assert (sampled.total_frames, indices) == (probe.total_frames, sample_indices(probe.total_frames, 8))
     assert [frame_number(frame) for frame in frames] == indices
     reference = all_frames(path, 32)
     assert all(np.array_equal(frame, reference[index]) for frame, index in zip(frames, indices))
@@ -199,9 +216,8 @@ def test_variable_frame_rate_indices_follow_frames_not_time(clips):
     probe = probe_video(str(clips["vfr.mp4"]))
     assert probe.timestamps_reliable
     assert 20 < probe.fps < 40  # 40 frames over ~1.7 s
-    indices = sample_indices(probe.total_frames, 8)
-    frames = decode_sampled_frames(str(clips["vfr.mp4"]), probe, indices, 16)
-    assert [frame_number(frame) for frame in frames] == indices
+    sampled, frames = decode_sampled_frames(str(clips["vfr.mp4"]), 8, 16)
+    assert [frame_number(frame) for frame in frames] == sampled.frame_indices == sample_indices(probe.total_frames, 8)
 
 
 REAL_VIDEOS = {
@@ -225,10 +241,11 @@ def test_real_videos_match_front_to_back_decoding(name, real_file):
     path = str(real_file(name))
     probe = probe_video(path)
     assert probe.total_frames == REAL_VIDEOS[name]
-    indices = sample_indices(probe.total_frames, 16)
-    frames = decode_sampled_frames(path, probe, indices, 24)
+    sampled, frames = decode_sampled_frames(path, 16, 24)
+    indices = sampled.frame_indices
     reference = all_frames(path, 24)
-    assert len(reference) == probe.total_frames
+    assert len(reference) == probe.total_frames == sampled.total_frames
+    assert indices == sample_indices(probe.total_frames, 16)
     assert all(np.array_equal(frame, reference[index]) for frame, index in zip(frames, indices))
 
 
@@ -294,7 +311,8 @@ def test_full_size_mosaic_64_frames_384px(tmp_path, real_file):
         assert mosaic.size == (6144, 1536)
     frames = reader.read("real/demo.mp4")
     assert frames.shape == (64, 384, 384, 3)
-    decoded = decode_sampled_frames(str(path), probe_video(str(path)), record["frame_indices"], 384)
+    planned = SampledFrames(record["total_frames"], record["fps"], record["frame_indices"])
+    _, decoded = decode_sampled_frames(str(path), 64, 384, planned)
     error = np.abs(frames.astype(int) - np.stack(decoded).astype(int)).mean(axis=(1, 2, 3))
     assert error.max() < 4  # JPEG q95 only; a wrong tile order would be far off
     assert json.loads((tmp_path / "metadata.json").read_text())["order"] == "row-major"
@@ -359,7 +377,7 @@ def test_interrupted_shard_resumes_to_the_same_index(clips, tmp_path):
     plan, _ = extend_plan([], videos, SMALL)
     write_plan(resumed_dir, plan)
     ensure_shard(resumed_dir, "part-00001", shard_members(plan)["part-00001"], SMALL)
-    killed = subprocess.run([sys.executable, "-c", INTERRUPT, str(resumed_dir)], cwd=Path(__file__).parents[1])
+    killed = subprocess.run([sys.executable, "-c", INTERRUPT, str(resumed_dir)], cwd=Path(__file__).parents[1], check=False)
     assert killed.returncode == -9
     assert not tar_path(resumed_dir, "part-00000").exists() and not done_path(resumed_dir, "part-00000").exists()
     assert list(resumed_dir.glob(".part-00000.tar~*.tmp"))  # the half-written tar is left behind

@@ -172,16 +172,13 @@ class FrameResizer:
 
 
 def decode_sampled_frames(
-    ref: str, probe: VideoProbe, indices: list[int], size: int, threads: int = DEFAULT_DECODER_THREADS
-) -> list[np.ndarray]:
-    """The frames at `indices` (repeats allowed), each size×size×3 uint8."""
-    name = describe_ref(ref)
+    ref: str, num_frames: int, size: int, planned: SampledFrames | None = None, threads: int = DEFAULT_DECODER_THREADS
+) -> tuple[SampledFrames, list[np.ndarray]]:
+    """A video's sampled frames in sampled order (repeats allowed), each size×size×3 uint8, with the count and indices used."""
     by_index: dict[int, np.ndarray] = {}
     resize = FrameResizer(size)
-    with opened_video(ref, threads) as (container, stream):
-        for index, frame in iter_sampled_frames(container, stream, probe, indices, name):
-            by_index[index] = resize(frame)
-    return [by_index[index] for index in indices]
+    sampled = read_sampled_frames(ref, num_frames, lambda index, frame: by_index.__setitem__(index, resize(frame)), planned, threads)
+    return sampled, [by_index[index] for index in sampled.frame_indices]
 
 
 def read_sampled_frames(

@@ -73,11 +73,9 @@ def supports_fast_path(processor: Any) -> bool:
 def decode_video_frames(ref: str, settings: FrameCacheConfig) -> np.ndarray:
     """The frames a trainer sees for a video: the frame cache's sampled frames at frame_size²."""
     from vlm_assets.frames.decode import decode_sampled_frames
-    from vlm_assets.frames.probe import probe_video, sample_indices
 
-    probe = probe_video(ref)
-    indices = sample_indices(probe.total_frames, settings.num_frames)
-    return np.stack(decode_sampled_frames(ref, probe, indices, settings.frame_size))
+    _, frames = decode_sampled_frames(ref, settings.num_frames, settings.frame_size)
+    return np.stack(frames)
 
 
 class LengthCounter:
