@@ -154,18 +154,17 @@ class Fingerprints:
         return self._of("packed_wds_shards", source, self.of("packed_json", source))
 
     def _energon_dataset(self, source: str) -> str:
-        return self._of("energon_dataset", source, self.of("packed_wds_shards", source), self._mix_settings(source))
+        subflavors = self.sources[source].subflavors
+        return self._of("energon_dataset", source, self.of("packed_wds_shards", source), self._sample_type(source), subflavors)
 
     def _sample_type(self, source: str) -> str:
         return self.app.sample_type_of(self.sources[source])
 
-    def _mix_settings(self, source: str) -> list[Any]:
-        config = self.sources[source]
-        return [self._sample_type(source), config.weight, config.subflavors]
-
     # -- across sources --------------------------------------------------------------------------
     def _training_mix(self, _: None) -> str:
-        return self._of("training_mix", None, [(name, self.of("energon_dataset", name)) for name in sorted(self.sources)])
+        return self._of("training_mix", None, [
+            (name, self.of("energon_dataset", name), self.sources[name].weight) for name in sorted(self.sources)
+        ])
 
     def _video_frame_plan(self, _: None) -> str:
         files = sorted({path for source in self.sources.values() for path in frames_source_files(source)})
