@@ -55,6 +55,11 @@ class MixEntry:
         return self.source
 
 
+def source_subflavors(app: AppConfig, source: SourceConfig) -> dict[str, Any]:
+    """What Energon hands a cooker with each of the source's samples: its configured subflavors, sample type and name."""
+    return {**source.subflavors, "sample_type": app.sample_type_of(source), "source": source.name}
+
+
 def mix_entries(app: AppConfig, sources: Iterable[SourceConfig], layout: StorageLayout) -> list[MixEntry]:
     """One entry per source, from its bins on disk; a weighted source without bins or metadata is an error."""
     entries = []
@@ -66,7 +71,7 @@ def mix_entries(app: AppConfig, sources: Iterable[SourceConfig], layout: Storage
             source=source.name,
             sample_type=sample_type,
             weight=source.weight,
-            subflavors={**source.subflavors, "sample_type": sample_type, "source": source.name},
+            subflavors=source_subflavors(app, source),
             samples=int(bins["lengths"].map(len).sum()) if bins is not None else 0,
             bins=len(bins) if bins is not None else 0,
             tokens=int(bins["total_len"].sum()) if bins is not None else 0,

@@ -23,6 +23,7 @@ from vlm_assets.packing.mix import (
     blended,
     mix_entries,
     mix_table_md,
+    source_subflavors,
     token_shares,
     write_metadataset,
 )
@@ -167,11 +168,11 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     description="The source's own Energon dataset: .nv-meta and tar indexes beside its shards, from energon's own prepare.",
 )
 def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
-    app, layout = vlm_config.app, vlm_config.layout
+    layout = vlm_config.layout
     source = vlm_config.source(context.partition_key)
     root = layout.packed_wds(source.name)
     fingerprint = vlm_config.fingerprints.of("energon_dataset", source.name)
-    subflavors = {**source.subflavors, "sample_type": app.sample_type_of(source), "source": source.name}
+    subflavors = source_subflavors(vlm_config.app, source)
     # Everything it writes is under the source's folder: other sources' metadata is never touched.
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source.name)]):
         shards = list_shards(root)
