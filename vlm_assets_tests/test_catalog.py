@@ -2,7 +2,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from vlm_assets.catalog.build import MediaValidator, build_catalog, iter_catalog_rows
+from vlm_assets.catalog.build import MediaValidator, build_catalog, iter_catalog_chunks
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.messages import normalize_record
 from vlm_assets.config import SourceConfig
@@ -200,8 +200,8 @@ def test_a_check_log_cut_short_keeps_what_it_proved(tmp_path, shared_data):
     source, _ = _media_source(tmp_path, shared_data)
     log_path = tmp_path / "checks.jsonl"
     validator = MediaValidator(8, MediaCheckLog(log_path))
-    rows = iter_catalog_rows(source, "messages", validator)
-    next(rows), next(rows)  # the build stops after two records
+    chunks = iter_catalog_chunks(source, "messages", validator, chunk_records=1)
+    next(chunks), next(chunks)  # the build stops after two records
     validator.check_log.close()
     with open(log_path, "a") as log:
         log.write('{"ref": "/half-written')

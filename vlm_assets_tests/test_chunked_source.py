@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import dagster as dg
 import pandas as pd
@@ -11,9 +12,10 @@ import pytest
 import yaml
 from PIL import Image
 
-from vlm_assets.atomic import write_parquet
-from vlm_assets.catalog.build import build_catalog
+from vlm_assets.catalog.build import MediaValidator, build_catalog, read_catalog
+from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
+from vlm_assets.catalog.table import write_catalog
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, step_processes
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
@@ -27,7 +29,7 @@ CHUNK_ROWS = 32
 
 
 @pytest.fixture(scope="module")
-def catalog(tmp_path_factory):
+def big_source(tmp_path_factory) -> SourceConfig:
     """A jsonl source of 150 samples: text only, one or two images of assorted sizes, a few broken."""
     root = tmp_path_factory.mktemp("big_source")
     rng = random.Random(7)
@@ -45,13 +47,39 @@ def catalog(tmp_path_factory):
             "images": images,
             "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": "answer " * number}],
         }))
+    lines.append(lines[10])  # a duplicate id: rejected, under a distinct id, in both modes
     (root / "train.jsonl").write_text("\n".join(lines) + "\n")
-    source = SourceConfig("big", "jsonl", root / "train.jsonl", root)
-    frame = build_catalog(source)
-    assert (frame.status != STATUS_OK).sum() == 4 and (frame.status == STATUS_OK).sum() == 146
-    path = root / "catalog.parquet"
-    write_parquet(frame, path)
+    return SourceConfig("big", "jsonl", root / "train.jsonl", root)
+
+
+@pytest.fixture(scope="module")
+def catalog(big_source, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("catalog") / "catalog.parquet"
+    write_catalog(big_source, path, "messages", MediaValidator(), 2, chunk_records=CHUNK_ROWS)
     return path
+
+
+def test_catalogue_on_two_processes_equals_one_process(big_source, catalog, tmp_path):
+    checks = tmp_path / "media_checks.jsonl"
+    one = tmp_path / "one.parquet"
+    summary = write_catalog(big_source, one, "messages", MediaValidator(check_log=MediaCheckLog(checks)), 1)
+    assert one.read_bytes() == catalog.read_bytes()
+    frame = read_catalog(one)
+    pd.testing.assert_frame_equal(frame, build_catalog(big_source))
+    assert (summary.samples, summary.ok, summary.rejected) == (151, 146, 5)
+    assert frame.sample_id.is_unique
+    assert summary.reject_reasons == {
+        f"missing media: 'missing.jpg' not found (looked in {big_source.media_root})": 4,
+        f"duplicate sample id 'big/s10', first read from {big_source.path}:11": 1,
+    }
+
+    # Workers report the media they checked; the build records them once, so a rebuild on two
+    # processes decodes nothing and the log still lists every image the catalogue uses.
+    again = MediaValidator(check_log=MediaCheckLog(checks))
+    write_catalog(big_source, tmp_path / "again.parquet", "messages", again, 2, chunk_records=CHUNK_ROWS)
+    assert again.decoded == 0 and again.remembered >= 12  # each worker looks its images up once
+    assert len(checks.read_text().splitlines()) == 12
+    assert (tmp_path / "again.parquet").read_bytes() == catalog.read_bytes()
 
 
 def test_chunked_lengths_on_two_processes_equal_one_process_and_the_whole_source_at_once(catalog, tmp_path):
@@ -63,7 +91,8 @@ def test_chunked_lengths_on_two_processes_equal_one_process_and_the_whole_source
     )
     assert summary_two.processes == 2 and summary_one.processes == 1
     assert one.read_bytes() == two.read_bytes()
-    assert progress == [(min(done, 150), 150) for done in range(CHUNK_ROWS, 150 + CHUNK_ROWS, CHUNK_ROWS)]
+    rows = summary_one.samples
+    assert progress == [(min(done, rows), rows) for done in range(CHUNK_ROWS, rows + CHUNK_ROWS, CHUNK_ROWS)]
 
     # Reference: every sample of the source counted in one call, no chunks.
     frame = pd.read_parquet(catalog)
@@ -79,7 +108,7 @@ def test_chunked_lengths_on_two_processes_equal_one_process_and_the_whole_source
     assert summary_two.ok_token_lens.tolist() == [result.token_len for result in expected]
     rejected = table[table.status != STATUS_OK]
     assert rejected.reason.tolist() == frame[frame.status != STATUS_OK].reason.tolist()
-    assert rejected.reason.str.contains("missing.jpg").all()
+    assert rejected.reason.str.contains("missing.jpg").sum() == 4
 
 
 def test_step_processes_setting(monkeypatch):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -15,11 +16,10 @@ from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
 from vlm_assets.catalog.sources import RawRecord, ResolvedMedia, read_source
 from vlm_assets.config import SourceConfig
+from vlm_assets.parallel import ordered_map
 
 if TYPE_CHECKING:
     from vlm_assets.frames.spool import MosaicSpool
-
-ProgressCallback = Callable[[int], None]
 
 
 class MediaValidator:
@@ -155,40 +155,98 @@ def _rejected(reason: str) -> dict:
 _RECORD_ERRORS = (SampleError, OSError, ValueError, RecursionError)
 
 
-def iter_catalog_rows(source: SourceConfig, text_key: str, validator: MediaValidator) -> Iterator[dict]:
-    """One row per input record, in reading order: each record fails alone, none is dropped."""
+CATALOG_CHUNK_RECORDS = 256
+
+
+def _with_duplicates_marked(records: Iterable[RawRecord]) -> Iterator[RawRecord]:
+    """Records in reading order; a repeated sample id becomes a reject under a distinct id."""
     seen: dict[str, str] = {}  # sample id -> origin it was first read from
-    for raw in read_source(source):
+    for raw in records:
         if raw.sample_id in seen:
-            row = _rejected(f"duplicate sample id {raw.sample_id!r}, first read from {seen[raw.sample_id]} [{raw.origin}]")
+            raw.error = f"duplicate sample id {raw.sample_id!r}, first read from {seen[raw.sample_id]} [{raw.origin}]"
+            raw.record = None
             raw.sample_id = f"{raw.sample_id}#dup{len(seen)}"
-        elif raw.error:
-            row = _rejected(raw.error)
-        else:
-            try:
-                row = _catalog_row(raw, text_key, validator)
-            except SampleError as error:
-                row = _rejected(f"{error} [{raw.origin}]")
-            except _RECORD_ERRORS as error:
-                row = _rejected(f"{type(error).__name__}: {error} [{raw.origin}]")
         seen[raw.sample_id] = raw.origin
-        yield {"sample_id": raw.sample_id, "source": source.name, "origin": raw.origin, **row}
+        yield raw
 
 
-def build_catalog(
+def _row(raw: RawRecord, source: str, text_key: str, validator: MediaValidator) -> dict:
+    if raw.error:
+        row = _rejected(raw.error)
+    else:
+        try:
+            row = _catalog_row(raw, text_key, validator)
+        except SampleError as error:
+            row = _rejected(f"{error} [{raw.origin}]")
+        except _RECORD_ERRORS as error:
+            row = _rejected(f"{type(error).__name__}: {error} [{raw.origin}]")
+    return {"sample_id": raw.sample_id, "source": source, "origin": raw.origin, **row}
+
+
+def _batched(records: Iterator[RawRecord], size: int) -> Iterator[list[RawRecord]]:
+    while chunk := list(itertools.islice(records, size)):
+        yield chunk
+
+
+# The validator of a chunk worker process (set up by _start_chunk_worker).
+_chunk_worker: dict[str, Any] = {}
+
+
+def _start_chunk_worker(
+    source: str, text_key: str, num_frames: int, check_log: Path | None, mosaic_spool: MosaicSpool | None
+) -> None:
+    # The worker's log is read-only: it reports its checks with each chunk and the build records them.
+    log = MediaCheckLog(check_log, append=False) if check_log is not None else None
+    _chunk_worker.update(source=source, text_key=text_key, validator=MediaValidator(num_frames, log, mosaic_spool))
+
+
+def _checked_chunk(records: list[RawRecord]) -> tuple[list[dict], dict[str, str], int, int]:
+    """(rows, checks passed or remembered, media decoded, media remembered) for one chunk."""
+    validator: MediaValidator = _chunk_worker["validator"]
+    decoded, remembered = validator.decoded, validator.remembered
+    rows = [_row(raw, _chunk_worker["source"], _chunk_worker["text_key"], validator) for raw in records]
+    used = validator.check_log.take_used() if validator.check_log is not None else {}
+    return rows, used, validator.decoded - decoded, validator.remembered - remembered
+
+
+def iter_catalog_chunks(
     source: SourceConfig,
-    text_key: str = "messages",
-    progress: ProgressCallback | None = None,
-    validator: MediaValidator | None = None,
-) -> pd.DataFrame:
-    """`validator` (default: 64 video frames, nothing remembered) may carry a check log, compacted at the end."""
+    text_key: str,
+    validator: MediaValidator,
+    processes: int = 1,
+    chunk_records: int = CATALOG_CHUNK_RECORDS,
+) -> Iterator[list[dict]]:
+    """One row per input record, in reading order, a chunk at a time: each record fails alone, none is dropped.
+
+    With several processes the records are read (and duplicate ids found) here, and the chunks'
+    media checked in the worker processes; the rows are the same as with one process. `validator`
+    then only gathers the workers' counts and checks.
+    """
+    chunks = _batched(_with_duplicates_marked(read_source(source)), chunk_records)
+    if processes <= 1:
+        for chunk in chunks:
+            yield [_row(raw, source.name, text_key, validator) for raw in chunk]
+        return
+    log = validator.check_log
+    settings = (source.name, text_key, validator.num_frames, log.path if log else None, validator.mosaic_spool)
+    for rows, used, decoded, remembered in ordered_map(_checked_chunk, chunks, processes, _start_chunk_worker, settings):
+        if log is not None:
+            log.adopt(used)
+        validator.decoded += decoded
+        validator.remembered += remembered
+        yield rows
+
+
+def build_catalog(source: SourceConfig, text_key: str = "messages", validator: MediaValidator | None = None) -> pd.DataFrame:
+    """The whole catalogue in memory, for small sources (vlm_assets.catalog.table streams one to a file).
+
+    `validator` (default: 64 video frames, nothing remembered) may carry a check log, compacted at the end.
+    """
     validator = validator or MediaValidator()
     rows = []
     try:
-        for index, row in enumerate(iter_catalog_rows(source, text_key, validator), start=1):
-            rows.append(row)
-            if progress and index % 1000 == 0:
-                progress(index)
+        for chunk in iter_catalog_chunks(source, text_key, validator):
+            rows.extend(chunk)
     finally:
         if validator.check_log is not None:
             validator.check_log.close()

@@ -27,8 +27,12 @@ def media_fingerprint(ref: str, check: str) -> str:
 
 
 class MediaCheckLog:
-    def __init__(self, path: Path) -> None:
+    """`append=False`: passes are kept in memory only, for a worker process that reports them
+    (`take_used`) to the build, which records them (`adopt`): one writer appends to the log."""
+
+    def __init__(self, path: Path, append: bool = True) -> None:
         self.path = path
+        self.append = append
         self._passed = _read_log(path)
         self._used: dict[str, str] = {}
         self._appender: TextIO | None = None
@@ -41,13 +45,27 @@ class MediaCheckLog:
         return True
 
     def record_pass(self, ref: str, fingerprint: str) -> None:
-        if self._appender is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._appender = open(self.path, "a", encoding="utf-8")
-        self._appender.write(json.dumps({"ref": ref, "fingerprint": fingerprint}) + "\n")
-        self._appender.flush()
+        if self.append:
+            if self._appender is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._appender = open(self.path, "a", encoding="utf-8")
+            self._appender.write(json.dumps({"ref": ref, "fingerprint": fingerprint}) + "\n")
+            self._appender.flush()
         self._passed[ref] = fingerprint
         self._used[ref] = fingerprint
+
+    def take_used(self) -> dict[str, str]:
+        """The checks passed or remembered since the last call."""
+        used, self._used = self._used, {}
+        return used
+
+    def adopt(self, used: dict[str, str]) -> None:
+        """Take another process's `take_used()`: its new passes are recorded here."""
+        for ref, fingerprint in used.items():
+            if self._passed.get(ref) == fingerprint:
+                self._used[ref] = fingerprint
+            else:
+                self.record_pass(ref, fingerprint)
 
     def compact(self) -> None:
         """Keep only the media of this build (drops entries of removed or changed files)."""

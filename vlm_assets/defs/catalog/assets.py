@@ -2,15 +2,16 @@
 
 
 import random
+from collections import Counter
 
 import dagster as dg
 import numpy as np
 import pandas as pd
 
-from vlm_assets.atomic import write_parquet
-from vlm_assets.catalog.build import MediaValidator, build_catalog, read_catalog
+from vlm_assets.catalog.build import MediaValidator, read_catalog
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
+from vlm_assets.catalog.table import write_catalog
 from vlm_assets.defs.resources import CHUNKED_TAG, HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.tokens.histogram import length_histogram_md
@@ -22,11 +23,10 @@ from vlm_assets.wording import plural
 CHECK_SAMPLE_SIZE = 24
 
 
-def _reason_table(reasons: pd.Series) -> str:
-    if reasons.empty:
+def _reason_table(reasons: Counter[str]) -> str:
+    if not reasons:
         return "_none_"
-    counts = reasons.str.replace(r"\s*\[.*\]$", "", regex=True).str.slice(0, 120).value_counts()
-    lines = ["| reason | samples |", "|---|---|"] + [f"| {reason} | {count} |" for reason, count in counts.items()]
+    lines = ["| reason | samples |", "|---|---|"] + [f"| {reason} | {count} |" for reason, count in reasons.most_common()]
     return "\n".join(lines)
 
 
@@ -34,6 +34,7 @@ def _reason_table(reasons: pd.Series) -> str:
     partitions_def=SOURCES_PARTITIONS,
     group_name="catalog",
     kinds={"parquet"},
+    tags={CHUNKED_TAG: "true"},
     description="Every input sample of a source: normalised messages, exactly resolved media, ok or rejected with a reason.",
 )
 def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
@@ -47,27 +48,22 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         # The validating decode also renders each video's frame-cache mosaic, for the plan and shards to take.
         spool = MosaicSpool(vlm_config.layout.mosaic_spool(app.frame_cache), app.frame_cache)
         validator = MediaValidator(app.frame_cache.num_frames, check_log, spool)
-        frame = build_catalog(
-            source,
-            app.sample.text_key,
-            progress=lambda n: context.log.info(f"{plural(n, 'record')} read"),
-            validator=validator,
+        summary = write_catalog(
+            source, path, app.sample.text_key, validator, step_processes(),
+            progress=lambda n: context.log.info(f"{plural(n, 'record')} catalogued"),
         )
-        write_parquet(frame, path)
-    ok = frame[frame.status == STATUS_OK]
-    rejected = frame[frame.status != STATUS_OK]
     context.log.info(
-        f"{source.name}: {len(ok)} ok, {len(rejected)} rejected -> {path} "
+        f"{source.name}: {summary.ok} ok, {summary.rejected} rejected -> {path} "
         f"({validator.decoded} media decoded, {validator.remembered} unchanged since their last check)"
     )
     return dg.MaterializeResult(**versioned({
         "path": dg.MetadataValue.path(str(path)),
-        "samples": len(frame),
-        "ok": len(ok),
-        "rejected": len(rejected),
-        "media_type_counts": dg.MetadataValue.json(ok.media_type.value_counts().to_dict()),
-        "rejects_by_reason": dg.MetadataValue.md(_reason_table(rejected.reason)),
-        "multi_turn_samples": int((ok.n_turns > 2).sum()),
+        "samples": summary.samples,
+        "ok": summary.ok,
+        "rejected": summary.rejected,
+        "media_type_counts": dg.MetadataValue.json(dict(summary.media_types.most_common())),
+        "rejects_by_reason": dg.MetadataValue.md(_reason_table(summary.reject_reasons)),
+        "multi_turn_samples": summary.multi_turn,
         "media_decoded": validator.decoded,
         "media_unchanged_since_last_check": validator.remembered,
     }, fingerprint))

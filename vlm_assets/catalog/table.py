@@ -1,0 +1,94 @@
+"""A source's catalogue written as it is built, on one process or several, with what the UI shows of it.
+
+Rows are written a few thousand at a time as the chunks come back, so building the catalogue
+needs memory for the chunks in flight and the counts below, not for the whole source.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vlm_assets.atomic import atomic_path
+from vlm_assets.catalog.build import CATALOG_CHUNK_RECORDS, MediaValidator, iter_catalog_chunks
+from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK
+from vlm_assets.config import SourceConfig
+
+LIST_COLUMNS = ("media_files", "media_kinds", "media_refs", "media_keys")
+CATALOG_SCHEMA = pa.schema([
+    (column, pa.list_(pa.string()) if column in LIST_COLUMNS else pa.int64() if column == "n_turns" else pa.string())
+    for column in CATALOG_COLUMNS
+])
+# Rows per parquet row group: chunks are small (they balance the workers), row groups need not be.
+ROWS_PER_WRITE = 8192
+REASON_CHARS = 120
+# A reason ends with where the sample came from ("[file:line]"); the UI groups reasons without it.
+_ORIGIN_SUFFIX = re.compile(r"\s*\[.*\]$")
+
+
+def reason_kind(reason: str) -> str:
+    return _ORIGIN_SUFFIX.sub("", reason)[:REASON_CHARS]
+
+
+@dataclass
+class CatalogSummary:
+    samples: int = 0
+    ok: int = 0
+    multi_turn: int = 0  # ok samples with more than one user/assistant exchange
+    media_types: Counter[str] = field(default_factory=Counter)  # of the ok samples
+    reject_reasons: Counter[str] = field(default_factory=Counter)  # by reason_kind
+
+    @property
+    def rejected(self) -> int:
+        return self.samples - self.ok
+
+    def add(self, rows: list[dict]) -> None:
+        self.samples += len(rows)
+        for row in rows:
+            if row["status"] == STATUS_OK:
+                self.ok += 1
+                self.media_types[row["media_type"]] += 1
+                self.multi_turn += row["n_turns"] > 2
+            else:
+                self.reject_reasons[reason_kind(row["reason"])] += 1
+
+
+def write_catalog(
+    source: SourceConfig,
+    target: Path,
+    text_key: str,
+    validator: MediaValidator,
+    processes: int = 1,
+    progress: Callable[[int], None] | None = None,
+    chunk_records: int = CATALOG_CHUNK_RECORDS,
+) -> CatalogSummary:
+    """Build `source`'s catalogue into `target` (atomically). `progress(rows so far)` after each write.
+
+    The validator's check log, if any, is compacted to this build's media once the catalogue is written.
+    """
+    summary = CatalogSummary()
+    pending: list[dict] = []
+    try:
+        with atomic_path(target) as tmp, pq.ParquetWriter(tmp, CATALOG_SCHEMA) as writer:
+            for rows in iter_catalog_chunks(source, text_key, validator, processes, chunk_records):
+                pending.extend(rows)
+                summary.add(rows)
+                if len(pending) >= ROWS_PER_WRITE:
+                    writer.write_table(pa.Table.from_pylist(pending, schema=CATALOG_SCHEMA))
+                    pending = []
+                    if progress:
+                        progress(summary.samples)
+            if pending:
+                writer.write_table(pa.Table.from_pylist(pending, schema=CATALOG_SCHEMA))
+    finally:
+        if validator.check_log is not None:
+            validator.check_log.close()
+    if validator.check_log is not None:
+        validator.check_log.compact()
+    return summary
