@@ -223,7 +223,10 @@ def iter_catalog_chunks(
     then only gathers the workers' counts and checks.
     """
     chunks = _batched(_with_duplicates_marked(read_source(source)), chunk_records)
-    if processes <= 1:
+    # Worker processes cost a start-up each; a source of one chunk is done here.
+    opening = list(itertools.islice(chunks, 2))
+    chunks = itertools.chain(opening, chunks)
+    if processes <= 1 or len(opening) < 2:
         for chunk in chunks:
             yield [_row(raw, source.name, text_key, validator) for raw in chunk]
         return
