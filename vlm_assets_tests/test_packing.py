@@ -312,6 +312,19 @@ def test_maxsize_splits_and_no_empty_shards(mix_layout, tmp_path):
     assert list_shards(tmp_path / "s") == []
 
 
+def test_shards_written_by_three_threads_are_the_bytes_one_thread_writes(mix_layout, tmp_path):
+    jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
+    catalog = _catalog(mix_layout, "mix")
+    one, three = tmp_path / "one", tmp_path / "three"
+    single = write_shards(read_records(jsonl, catalog), one, maxcount=1, maxsize=10**9)
+    reported: list[str] = []
+    several = write_shards(read_records(jsonl, catalog), three, maxcount=1, maxsize=10**9,
+                           on_sample=reported.append, threads=3)
+    assert len(single) > 3 and [shard.keys for shard in several] == [shard.keys for shard in single]
+    assert sorted(reported) == sorted(key for shard in single for key in shard.keys)
+    assert _digests(three) == _digests(one)
+
+
 def test_exception_mid_write_leaves_no_half_shard_and_rerun_recovers(mix_layout, tmp_path):
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
     catalog = _catalog(mix_layout, "mix")

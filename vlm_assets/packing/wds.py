@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import re
 import tarfile
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,29 +68,53 @@ def write_shards(
     maxcount: int,
     maxsize: int,
     on_sample: Callable[[str], None] | None = None,
+    threads: int = 1,
 ) -> list[ShardInfo]:
     """Write every record to `directory/pretrain-NNNNNN.tar`; returns the shards written.
 
-    `on_sample(key)` is called after each sample's bytes are written (progress; it
-    may raise to abort, which leaves no partial shard under a final name).
+    Shards are cut as the records stream by, and each is written as soon as it is complete, by one
+    of `threads` writer threads (the copying happens in the kernel, outside the GIL): memory holds
+    the shards in flight, never the whole source, and the bytes do not depend on `threads`.
+    `on_sample(key)` is called after each sample's bytes are written, from the writing thread
+    (progress; it may raise to abort, which leaves no partial shard under a final name).
     """
     directory.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(directory)
-    plan = _plan_shards(records, directory, maxcount, maxsize)
-    for shard, samples in plan:
-        before = _identity(shard.path)
-        _write_shard(shard.path, samples, on_sample)
-        if _identity(shard.path) != before:
-            # Energon's index of the old bytes is wrong for the new ones; an unchanged shard keeps it.
-            (directory / (shard.path.name + ENERGON_INDEX_SUFFIX)).unlink(missing_ok=True)
-    written = {shard.path.name for shard, _ in plan}
+    planned = _planned_shards(records, directory, maxcount, maxsize)
+    if threads <= 1:
+        shards = [_write_planned(directory, shard, samples, on_sample) for shard, samples in planned]
+    else:
+        shards = []
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shard-writer") as pool:
+            in_flight: deque[Future[ShardInfo]] = deque()
+            try:
+                for shard, samples in planned:
+                    in_flight.append(pool.submit(_write_planned, directory, shard, samples, on_sample))
+                    if len(in_flight) >= 2 * threads:
+                        shards.append(in_flight.popleft().result())
+                while in_flight:
+                    shards.append(in_flight.popleft().result())
+            finally:
+                pool.shutdown(cancel_futures=True)
+    written = {shard.path.name for shard in shards}
     for path in list_shards(directory):
         if path.name not in written:
             path.unlink()
     for orphan_index in directory.glob("*.tar" + ENERGON_INDEX_SUFFIX):
         if orphan_index.name[: -len(ENERGON_INDEX_SUFFIX)] not in written:
             orphan_index.unlink()
-    return [shard for shard, _ in plan]
+    return shards
+
+
+def _write_planned(
+    directory: Path, shard: ShardInfo, samples: list[list[_Member]], on_sample: Callable[[str], None] | None
+) -> ShardInfo:
+    before = _identity(shard.path)
+    _write_shard(shard.path, samples, on_sample)
+    if _identity(shard.path) != before:
+        # Energon's index of the old bytes is wrong for the new ones; an unchanged shard keeps it.
+        (directory / (shard.path.name + ENERGON_INDEX_SUFFIX)).unlink(missing_ok=True)
+    return shard
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -99,20 +125,26 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return stat.st_ino, stat.st_mtime_ns
 
 
-def _plan_shards(
+def _planned_shards(
     records: Iterable[PackedRecord], directory: Path, maxcount: int, maxsize: int
-) -> list[tuple[ShardInfo, list[list[_Member]]]]:
-    plan: list[tuple[ShardInfo, list[list[_Member]]]] = []
+) -> Iterator[tuple[ShardInfo, list[list[_Member]]]]:
+    """Each shard with its samples' members, as soon as the next record would not fit in it."""
+    shard: ShardInfo | None = None
+    samples: list[list[_Member]] = []
+    count = 0
     for packed in records:
         members = _sample_members(packed)
         size = sum(member.stored_size for member in members)
-        if not plan or len(plan[-1][1]) >= maxcount or (plan[-1][0].size + size > maxsize):
-            plan.append((ShardInfo(directory / shard_name(len(plan))), []))
-        shard, samples = plan[-1]
+        if shard is None or len(samples) >= maxcount or shard.size + size > maxsize:
+            if shard is not None:
+                yield shard, samples
+            shard, samples = ShardInfo(directory / shard_name(count)), []
+            count += 1
         shard.keys.append(packed.key)
         shard.size += size
         samples.append(members)
-    return plan
+    if shard is not None:
+        yield shard, samples
 
 
 def _write_shard(path: Path, samples: list[list[_Member]], on_sample: Callable[[str], None] | None) -> None:

@@ -1,6 +1,7 @@
 """Packing lineage: bins → packed JSON → WebDataset shards → Energon dataset (per source) → training mix."""
 
 import shutil
+import threading
 import time
 
 import dagster as dg
@@ -12,6 +13,7 @@ from vlm_assets.catalog.build import read_catalog
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
 from vlm_assets.defs.packing import checks
 from vlm_assets.defs.resources import (
+    CHUNKED_TAG,
     HEAVY_POOL,
     SOURCES_PARTITIONS,
     VlmConfig,
@@ -31,6 +33,7 @@ from vlm_assets.packing.plan import fill_ratio, plan_packing, read_bins
 from vlm_assets.packing.records import build_records, read_records, write_jsonl
 from vlm_assets.packing.report import fill_summary_md, reject_counts_md
 from vlm_assets.packing.wds import list_shards, write_shards
+from vlm_assets.parallel import step_processes
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.wording import plural
 
@@ -121,6 +124,7 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
     group_name=GROUP,
     kinds={"webdataset"},
     pool=HEAVY_POOL,
+    tags={CHUNKED_TAG: "true"},
     check_specs=checks.SHARD_CHECKS,
     description="Deterministic pretrain-*.tar shards of the packed records with their original media bytes.",
 )
@@ -132,17 +136,20 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     directory = layout.packed_wds(source)
     written = 0
     last_log = time.monotonic()
+    progress_lock = threading.Lock()  # several shard writer threads report
 
     def progress(key: str) -> None:
         nonlocal written, last_log
-        written += 1
-        if time.monotonic() - last_log > PROGRESS_EVERY_S:
-            context.log.info(f"{source}: {plural(written, 'sample')} written (at {key})")
-            last_log = time.monotonic()
+        with progress_lock:
+            written += 1
+            if time.monotonic() - last_log > PROGRESS_EVERY_S:
+                context.log.info(f"{source}: {plural(written, 'sample')} written (at {key})")
+                last_log = time.monotonic()
 
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
         catalog = read_catalog(layout.catalog(source))
-        shards = write_shards(read_records(jsonl_path, catalog), directory, app.wds.maxcount, app.wds.maxsize, progress)
+        shards = write_shards(read_records(jsonl_path, catalog), directory, app.wds.maxcount, app.wds.maxsize, progress,
+                              threads=step_processes())
         context.log.info(f"{source}: {plural(written, 'sample')} in {plural(len(shards), 'shard')} -> {directory}")
         members_result = checks.shard_members_result(list_shards(directory), jsonl_path)
     table = ["| shard | samples | bytes |", "|---|---:|---:|"] + [
