@@ -283,11 +283,17 @@ def test_the_default_limits_refuse_hostile_records(tmp_path):
     _jpeg(tmp_path / "ok.jpg")
     _write(tmp_path / "ok.json", _sample())
     _write(tmp_path / "deep.json", DEEP)
-    (tmp_path / "lines.jsonl").write_text(f"{json.dumps(_sample())}\n{DEEP}\n{json.dumps(_sample())}\n")
+    unclosed = '{"texts": "' + '\\"' * 200_000  # a string never closed: the depth scan must not retry at each quote
+    (tmp_path / "lines.jsonl").write_text(f"{json.dumps(_sample())}\n{DEEP}\n{unclosed}\n{json.dumps(_sample())}\n")
     flat = _rows(SourceConfig("f", "flat_dir", tmp_path, tmp_path))
     _expect(flat, {"f/ok.json": ("ok",), "f/deep.json": ("rejected", "nested too deeply", "max_json_depth (100)")})
     lines = _rows(SourceConfig("l", "jsonl", tmp_path / "lines.jsonl", tmp_path))
-    _expect(lines, {"l/1": ("ok",), "l/2": ("rejected", f"{tmp_path / 'lines.jsonl'}:2"), "l/3": ("ok",)})
+    _expect(lines, {
+        "l/1": ("ok",),
+        "l/2": ("rejected", "nested too deeply", f"{tmp_path / 'lines.jsonl'}:2"),
+        "l/3": ("rejected", "malformed JSON", "Unterminated string", f"{tmp_path / 'lines.jsonl'}:3"),
+        "l/4": ("ok",),
+    })
 
 
 def test_sample_catalog_asset_accounts_for_every_record(corpus, watch_outside):

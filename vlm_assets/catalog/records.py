@@ -16,8 +16,10 @@ from typing import Any
 
 from vlm_assets.config import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_RECORD_BYTES, SourceConfig
 
-# A JSON string (escapes included) or one bracket: everything the nesting depth depends on.
-_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[][{}]')
+# A JSON string (escapes included) or one bracket: everything the nesting depth depends on. A lone
+# quote is a string never closed: scanning stops there (the parser then names the error), so a
+# hostile record cannot make the scan retry at every quote.
+_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[][{}]|"')
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _SCALAR = re.compile(r'[^\s,\][{}"]+')
 _SPACE = re.compile(r"[ \t\n\r]*")
@@ -83,6 +85,8 @@ def _nesting_depth(text: str, stop_above: int) -> int:
                     break
         elif token in ("]", "}"):
             depth -= 1
+        elif token == '"':
+            break
     return deepest
 
 
@@ -98,6 +102,8 @@ def _container_end(text: str, start: int) -> tuple[int | None, int]:
             depth -= 1
             if depth == 0:
                 return match.end(), deepest
+        elif token == '"':
+            break
     return None, deepest
 
 

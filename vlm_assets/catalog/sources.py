@@ -93,7 +93,7 @@ class FileResolver:
         """`stem_folder`: the names in `stem_of`'s folder, when already listed (else it is listed here)."""
         self.source = source
         self.scope = scope
-        self.search_dirs = search_dirs
+        self.search_dirs = list(dict.fromkeys(search_dirs))
         self.stem_of = stem_of
         self.stem_folder = stem_folder
 
