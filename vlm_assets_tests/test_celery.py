@@ -198,7 +198,7 @@ def test_two_celery_workers_run_every_step_and_write_the_bytes_of_an_in_process_
         result = run(config, home, "--executor", "celery", "--workers", "2")
         assert result.returncode == 0, result.stdout[-4000:]
         assert f"steps go to 2 Celery worker(s): {', '.join(names)}" in result.stdout
-        assert "21 materialisation(s), 0 up to date, 0 failed run(s), 0 failed check(s)" in result.stdout
+        assert "24 materialisation(s), 0 up to date, 0 failed run(s), 0 failed check(s)" in result.stdout
 
         # A run of the code location (as the daemon launches them) goes to the workers as well.
         launched = subprocess.run(
