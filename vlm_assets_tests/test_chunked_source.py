@@ -13,10 +13,12 @@ import yaml
 from PIL import Image
 
 from vlm_assets.catalog.build import MediaValidator, build_catalog, read_catalog
+from vlm_assets.catalog.lookup import SampleLookup
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
+from vlm_assets.packing.records import RECORD_COLUMNS, samples_by_id
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, step_processes
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
@@ -149,3 +151,18 @@ def test_one_big_source_uses_every_worker_and_gives_the_one_worker_table(tmp_pat
             event = instance.get_latest_materialization_event(dg.AssetKey("sample_lengths"))
             assert event.asset_materialization.metadata["processes"].value == workers
     assert tables[1] == tables[2]
+
+
+def test_sample_lookup_on_disk_answers_like_the_catalogue_in_memory(catalog, tmp_path):
+    frame = read_catalog(catalog)
+    in_memory = samples_by_id(frame[frame.status == STATUS_OK])
+    near = tmp_path / "packed" / "big.jsonl"
+    with SampleLookup(catalog, RECORD_COLUMNS, near=near) as lookup:
+        assert list(near.parent.iterdir()) == [lookup.path]  # a temporary file of the step's output
+        assert len(lookup) == len(in_memory) == 146
+        assert {sample_id: lookup[sample_id] for sample_id in lookup} == in_memory
+        rejected = frame.sample_id[frame.status != STATUS_OK].iloc[0]
+        assert rejected not in lookup
+        with pytest.raises(KeyError):
+            lookup[rejected]
+    assert list(near.parent.iterdir()) == []

@@ -34,7 +34,7 @@ from vlm_assets.packing.plan import (
     CATEGORY_OVER_MAX,
     plan_packing,
 )
-from vlm_assets.packing.records import build_records, read_records, record_id, write_jsonl
+from vlm_assets.packing.records import build_records, read_records, record_id, samples_by_id, write_jsonl
 from vlm_assets.packing.verify import accounting_problems, oversized_bins, shard_problems
 from vlm_assets.packing.wds import list_shards, write_shards
 
@@ -159,7 +159,7 @@ def _plan(layout: StorageLayout, source: str, sample_type: str, max_len: int = M
 
 def _records(layout: StorageLayout, source: str, sample_type: str):
     plan = _plan(layout, source, sample_type)
-    return list(build_records(source, plan.bins, _catalog(layout, source), sample_type))
+    return list(build_records(source, zip(plan.bins.bin_id, plan.bins.sample_ids, plan.bins.lengths), samples_by_id(_catalog(layout, source)), sample_type))
 
 
 def _digests(directory: Path) -> dict[str, str]:
@@ -279,7 +279,7 @@ def _write_packed(layout: StorageLayout, source: str, sample_type: str) -> Path:
 
 def test_shards_hold_original_bytes_split_by_maxcount_and_rerun_is_byte_identical(mix_layout, tmp_path):
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
-    records = list(read_records(jsonl, _catalog(mix_layout, "mix")))
+    records = list(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix"))))
     out = tmp_path / "mix"
     shards = write_shards(records, out, maxcount=2, maxsize=10**9)
     assert [len(s.keys) for s in shards] == [2] * (len(records) // 2) + ([1] if len(records) % 2 else [])
@@ -293,7 +293,7 @@ def test_shards_hold_original_bytes_split_by_maxcount_and_rerun_is_byte_identica
             for item in packed.media:
                 assert archive.extractfile(f"{packed.key}.{item.member}").read() == Path(item.ref).read_bytes()
     first = _digests(out)
-    write_shards(list(read_records(jsonl, _catalog(mix_layout, "mix"))), out, maxcount=2, maxsize=10**9)
+    write_shards(list(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix")))), out, maxcount=2, maxsize=10**9)
     assert _digests(out) == first
 
     # Fewer, bigger shards: the earlier run's extra shards must not linger.
@@ -305,7 +305,7 @@ def test_shards_hold_original_bytes_split_by_maxcount_and_rerun_is_byte_identica
 
 def test_maxsize_splits_and_no_empty_shards(mix_layout, tmp_path):
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
-    records = list(read_records(jsonl, _catalog(mix_layout, "mix")))
+    records = list(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix"))))
     shards = write_shards(records, tmp_path / "s", maxcount=1000, maxsize=1024)  # every sample exceeds 1 KiB
     assert [len(s.keys) for s in shards] == [1] * len(records)
     assert write_shards([], tmp_path / "s", maxcount=10, maxsize=10**9) == []
@@ -314,7 +314,7 @@ def test_maxsize_splits_and_no_empty_shards(mix_layout, tmp_path):
 
 def test_shards_written_by_three_threads_are_the_bytes_one_thread_writes(mix_layout, tmp_path):
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
-    catalog = _catalog(mix_layout, "mix")
+    catalog = samples_by_id(_catalog(mix_layout, "mix"))
     one, three = tmp_path / "one", tmp_path / "three"
     single = write_shards(read_records(jsonl, catalog), one, maxcount=1, maxsize=10**9)
     reported: list[str] = []
@@ -327,7 +327,7 @@ def test_shards_written_by_three_threads_are_the_bytes_one_thread_writes(mix_lay
 
 def test_exception_mid_write_leaves_no_half_shard_and_rerun_recovers(mix_layout, tmp_path):
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
-    catalog = _catalog(mix_layout, "mix")
+    catalog = samples_by_id(_catalog(mix_layout, "mix"))
     clean = tmp_path / "clean"
     write_shards(read_records(jsonl, catalog), clean, maxcount=2, maxsize=10**9)
 
@@ -355,7 +355,7 @@ KILL_SCRIPT = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     from vlm_assets.catalog.build import read_catalog
-    from vlm_assets.packing.records import read_records
+    from vlm_assets.packing.records import read_records, samples_by_id
     from vlm_assets.packing.wds import write_shards
 
     jsonl, catalog, out = sys.argv[1:4]
@@ -364,14 +364,14 @@ KILL_SCRIPT = textwrap.dedent(
         seen.append(key)
         if len(seen) == 3:
             os.kill(os.getpid(), signal.SIGKILL)
-    write_shards(read_records(Path(jsonl), read_catalog(Path(catalog))), Path(out), 2, 10**9, on_sample=die)
+    write_shards(read_records(Path(jsonl), samples_by_id(read_catalog(Path(catalog)))), Path(out), 2, 10**9, on_sample=die)
     """
 )
 
 
 def test_process_killed_mid_write_then_rerun_is_identical_to_a_clean_run(mix_layout, tmp_path):
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
-    catalog = _catalog(mix_layout, "mix")
+    catalog = samples_by_id(_catalog(mix_layout, "mix"))
     clean = tmp_path / "clean"
     write_shards(read_records(jsonl, catalog), clean, maxcount=2, maxsize=10**9)
 
@@ -396,7 +396,7 @@ def test_energon_prepare_and_loader_see_every_sample(media, tmp_path):
         for i in range(7)
     ])
     jsonl = _write_packed(layout, "vqa", "packed_vqa")
-    shards = write_shards(read_records(jsonl, _catalog(layout, "vqa")), layout.packed_wds("vqa"), 2, 10**9)
+    shards = write_shards(read_records(jsonl, samples_by_id(_catalog(layout, "vqa"))), layout.packed_wds("vqa"), 2, 10**9)
     dataset = prepare_energon_dataset(layout.packed_wds("vqa"), [s.path for s in shards], {"sample_type": "packed_vqa"})
     meta = dataset.meta_dir
     for name in ("dataset.yaml", "split.yaml", ".info.json", "index.sqlite"):

@@ -6,11 +6,13 @@ a reason and a category (for counting in the UI). Nothing is dropped silently.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.packing.binpack import best_fit_decreasing
@@ -110,6 +112,13 @@ def bins_frame(sample_ids: list[str], lengths: np.ndarray, max_token_len: int) -
         "total_len": np.asarray([int(lengths[group].sum()) for group in groups], dtype=np.int64),
     }
     return pd.DataFrame(rows, columns=list(BIN_COLUMNS))
+
+
+def iter_bins(path: Path, batch_rows: int = 8192) -> Iterator[tuple[int, list[str], list[int]]]:
+    """`(bin_id, sample_ids, lengths)` of every bin, in order, a batch at a time from the file."""
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=["bin_id", "sample_ids", "lengths"]):
+        data = batch.to_pydict()
+        yield from zip(data["bin_id"], data["sample_ids"], data["lengths"])
 
 
 def read_bins(path: Path) -> pd.DataFrame:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,21 +64,33 @@ def first_text(messages: list[dict[str, Any]], role: str) -> str:
     return ""
 
 
-def build_records(source: str, bins: pd.DataFrame, catalog: pd.DataFrame, sample_type: str) -> Iterator[PackedRecord]:
-    """One packed record per bin, in bin order."""
-    columns = ("messages", "media_files", "media_kinds", "media_refs", "media_keys")
-    samples = dict(zip(catalog["sample_id"], zip(*(catalog[column] for column in columns))))
-    for bin_id, sample_ids, lengths in zip(bins["bin_id"], bins["sample_ids"], bins["lengths"]):
+# The catalogue columns a packed record is made of.
+RECORD_COLUMNS = ("messages", "media_files", "media_kinds", "media_refs", "media_keys")
+SampleRows = Mapping[str, Mapping[str, Any]]  # sample id -> {catalogue column: value}
+
+
+def samples_by_id(catalog: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """An in-memory SampleRows of a whole catalogue (vlm_assets.catalog.lookup keeps a big one on disk)."""
+    columns = [column for column in RECORD_COLUMNS if column in catalog]
+    return catalog.set_index("sample_id")[columns].to_dict("index")
+
+
+def build_records(
+    source: str, bins: Iterable[tuple[int, Sequence[str], Sequence[int]]], samples: SampleRows, sample_type: str
+) -> Iterator[PackedRecord]:
+    """One packed record per bin `(bin_id, sample_ids, lengths)`, in bin order."""
+    for bin_id, sample_ids, lengths in bins:
         yield _build_record(record_id(source, int(bin_id)), list(sample_ids), list(lengths), samples, sample_type)
 
 
 def _build_record(
-    key: str, sample_ids: list[str], lengths: list[int], samples: dict[str, tuple], sample_type: str
+    key: str, sample_ids: list[str], lengths: list[int], samples: SampleRows, sample_type: str
 ) -> PackedRecord:
     messages, prompts, captions, media_files, media_keys, kinds = [], [], [], [], [], []
     media: list[RecordMedia] = []
     for sample_id in sample_ids:
-        raw_messages, names_written, media_kinds, media_refs, keys = samples[sample_id]
+        sample = samples[sample_id]
+        raw_messages, names_written, media_kinds, media_refs, keys = (sample[column] for column in RECORD_COLUMNS)
         conversation = json.loads(raw_messages)
         messages.append(conversation)
         prompts.append(first_text(conversation, "user"))
@@ -115,17 +127,17 @@ def write_jsonl(records: Iterable[PackedRecord], handle) -> int:
     return count
 
 
-def read_records(jsonl_path: Path, catalog: pd.DataFrame) -> Iterator[PackedRecord]:
-    """Packed records from `packed_json`, with each member's media ref looked up in the catalogue."""
-    refs = dict(zip(catalog["sample_id"], catalog["media_refs"]))
+def read_records(jsonl_path: Path, samples: SampleRows) -> Iterator[PackedRecord]:
+    """Packed records from `packed_json`, with each member's media ref looked up in `samples` (media_refs)."""
     with open(jsonl_path, "rb") as handle:
         for line_number, line in enumerate(handle, start=1):
             record = json.loads(line)
             sample_refs = []
             for sample_id in record["sample_ids"]:
-                if sample_id not in refs:
-                    raise KeyError(f"{jsonl_path}:{line_number}: sample {sample_id!r} is not in the catalogue")
-                sample_refs.extend(refs[sample_id])
+                try:
+                    sample_refs.extend(samples[sample_id]["media_refs"])
+                except KeyError:
+                    raise KeyError(f"{jsonl_path}:{line_number}: sample {sample_id!r} is not in the catalogue") from None
             members = [member for names in record["media_files"] for member in names]
             if len(members) != len(sample_refs):
                 raise ValueError(

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from vlm_assets.atomic import atomic_open, write_parquet
-from vlm_assets.catalog.build import read_catalog
+from vlm_assets.catalog.lookup import SampleLookup
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
 from vlm_assets.defs.packing import checks
 from vlm_assets.defs.resources import (
@@ -29,8 +29,8 @@ from vlm_assets.packing.mix import (
     token_shares,
     write_metadataset,
 )
-from vlm_assets.packing.plan import fill_ratio, plan_packing, read_bins
-from vlm_assets.packing.records import build_records, read_records, write_jsonl
+from vlm_assets.packing.plan import fill_ratio, iter_bins, plan_packing, read_bins
+from vlm_assets.packing.records import RECORD_COLUMNS, build_records, read_records, write_jsonl
 from vlm_assets.packing.report import fill_summary_md, reject_counts_md
 from vlm_assets.packing.wds import list_shards, write_shards
 from vlm_assets.parallel import step_processes
@@ -60,8 +60,9 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     catalog_path, lengths_path = layout.catalog(source), layout.lengths(source)
     bins_path, rejects_path = layout.bins(source), layout.rejects(source)
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
-        catalog = read_catalog(catalog_path)
-        lengths = pd.read_parquet(lengths_path)
+        # Packing needs each sample's verdict, media type and length, not its conversation.
+        catalog = pd.read_parquet(catalog_path, columns=["sample_id", "status", "reason", "media_type"])
+        lengths = pd.read_parquet(lengths_path, columns=["sample_id", "status", "reason", "token_len"])
         started = time.perf_counter()
         plan = plan_packing(
             catalog,
@@ -108,10 +109,8 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
     path = layout.packed_json(source)
     sample_type = app.sample_type_of(vlm_config.source(source))
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
-        bins = read_bins(layout.bins(source))
-        catalog = read_catalog(layout.catalog(source))
-        with atomic_open(path, "wb") as handle:
-            count = write_jsonl(build_records(source, bins, catalog, sample_type), handle)
+        with SampleLookup(layout.catalog(source), RECORD_COLUMNS, near=path) as samples, atomic_open(path, "wb") as handle:
+            count = write_jsonl(build_records(source, iter_bins(layout.bins(source)), samples, sample_type), handle)
     context.log.info(f"{source}: {count} packed records -> {path}")
     return dg.MaterializeResult(**versioned(
         {"path": dg.MetadataValue.path(str(path)), "records": count, "sample_type": sample_type}, fingerprint
@@ -147,9 +146,9 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
                 last_log = time.monotonic()
 
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
-        catalog = read_catalog(layout.catalog(source))
-        shards = write_shards(read_records(jsonl_path, catalog), directory, app.wds.maxcount, app.wds.maxsize, progress,
-                              threads=step_processes())
+        with SampleLookup(layout.catalog(source), ["media_refs"], near=jsonl_path) as samples:
+            shards = write_shards(read_records(jsonl_path, samples), directory, app.wds.maxcount, app.wds.maxsize,
+                                  progress, threads=step_processes())
         context.log.info(f"{source}: {plural(written, 'sample')} in {plural(len(shards), 'shard')} -> {directory}")
         members_result = checks.shard_members_result(list_shards(directory), jsonl_path)
     table = ["| shard | samples | bytes |", "|---|---:|---:|"] + [

@@ -1,0 +1,80 @@
+"""A catalogue's ok rows by sample id, from an index on disk.
+
+Packing groups samples by length, so writing a bin's record needs rows from anywhere in the
+catalogue. Holding the catalogue in memory costs kilobytes per sample (gigabytes for a big
+source); this index is an sqlite file beside the step's output, built in one streaming pass over
+the catalogue and removed when the step is done. It is named as a temporary file of that output,
+so one left by a killed step is cleaned up like any other dead writer's temporary file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from vlm_assets.atomic import TEMP_SUFFIX, temp_prefix
+from vlm_assets.catalog.schema import STATUS_OK
+
+INSERT_BATCH_ROWS = 8192
+
+
+class SampleLookup(Mapping[str, dict[str, Any]]):
+    """`lookup[sample_id]` -> {column: value} for `columns` of the catalogue at `catalog`."""
+
+    def __init__(self, catalog: Path, columns: Sequence[str], near: Path) -> None:
+        self.columns = tuple(columns)
+        near.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=temp_prefix(near.name), suffix=TEMP_SUFFIX, dir=near.parent)
+        os.close(fd)
+        self.path = Path(name)
+        try:
+            self._db = sqlite3.connect(name)
+            # A scratch file: nothing to recover after a crash, so no journal and no syncs.
+            self._db.execute("PRAGMA journal_mode = OFF")
+            self._db.execute("PRAGMA synchronous = OFF")
+            self._db.execute("CREATE TABLE samples (id TEXT PRIMARY KEY, row TEXT NOT NULL) WITHOUT ROWID")
+            parquet = pq.ParquetFile(catalog)
+            for batch in parquet.iter_batches(batch_size=INSERT_BATCH_ROWS, columns=["sample_id", "status", *self.columns]):
+                data = batch.to_pydict()
+                self._db.executemany("INSERT INTO samples VALUES (?, ?)", [
+                    (sample_id, json.dumps([data[column][index] for column in self.columns]))
+                    for index, (sample_id, status) in enumerate(zip(data["sample_id"], data["status"]))
+                    if status == STATUS_OK
+                ])
+            self._db.commit()
+            self._count = self._db.execute("SELECT count(*) FROM samples").fetchone()[0]
+        except BaseException:
+            self.close()
+            raise
+
+    def __getitem__(self, sample_id: str) -> dict[str, Any]:
+        found = self._db.execute("SELECT row FROM samples WHERE id = ?", (sample_id,)).fetchone()
+        if found is None:
+            raise KeyError(sample_id)
+        return dict(zip(self.columns, json.loads(found[0])))
+
+    def __iter__(self):
+        for (sample_id,) in self._db.execute("SELECT id FROM samples"):
+            yield sample_id
+
+    def __len__(self) -> int:
+        return self._count
+
+    def close(self) -> None:
+        if getattr(self, "_db", None) is not None:
+            self._db.close()
+            self._db = None
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> SampleLookup:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
