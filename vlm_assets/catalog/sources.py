@@ -68,7 +68,6 @@ class SourceScope:
     def __init__(self, source: SourceConfig) -> None:
         # A jsonl source's own directory is its media root (by default the file's directory).
         own = [] if source.kind == "jsonl" else [source.path]
-        self.own = _real(source.path)
         self.media_root = _real(source.media_root)
         self.roots = tuple(dict.fromkeys(_real(root) for root in [*own, source.media_root, *source.allowed_roots]))
 
@@ -381,24 +380,43 @@ def _jsonl_lines(path: Path, limits: RecordLimits) -> Iterator[tuple[int, bytes 
                 yield number, line, ""
 
 
+Entry = tuple[str, str, Any, str]  # (origin, locator, record, reason it is unreadable or "")
+
+
+def _array_entries(path: Path, limits: RecordLimits) -> Iterator[Entry]:
+    for element in array_elements(path.read_bytes(), str(path), limits):
+        yield f"{path}[{element.index}]", f"element-{element.index}", element.record, element.error
+
+
+def _jsonl_entries(path: Path, limits: RecordLimits) -> Iterator[Entry]:
+    for number, line, error in _jsonl_lines(path, limits):
+        origin = f"{path}:{number}"
+        record, error = (None, error) if line is None else parse_bytes(line, origin, limits)
+        yield origin, f"line-{number}", record, error
+
+
 def _read_jsonl(source: SourceConfig, scope: SourceScope, limits: RecordLimits) -> Iterator[RawRecord]:
     path = _real(source.path)
     resolver = FileResolver(source.name, scope, [scope.media_root])
     with open(path, "rb") as handle:
         head = handle.read(4096)
-    entries: list[tuple[str, str, Any, str]] = []  # (origin, locator, record, error)
     if is_json_array(head):
-        for element in array_elements(path.read_bytes(), str(path), limits):
-            entries.append((f"{path}[{element.index}]", f"element-{element.index}", element.record, element.error))
+        elements = list(_array_entries(path, limits))
+        id_pass, entries = elements, elements
     else:
-        for number, line, error in _jsonl_lines(path, limits):
-            origin = f"{path}:{number}"
-            record, error = (None, error) if line is None else parse_bytes(line, origin, limits)
-            entries.append((origin, f"line-{number}", record, error))
+        # JSON lines are read twice rather than held: a source of millions of lines needs no more
+        # memory than one line.
+        id_pass, entries = _jsonl_entries(path, limits), _jsonl_entries(path, limits)
     # Record ids when every object record has one (a repeated id is then a rejected duplicate, see
     # build.py; never renumbered); records that are not objects are named by where they are.
-    objects = [record for _origin, _locator, record, _error in entries if isinstance(record, dict)]
-    use_ids = bool(objects) and all(_usable_id(record.get("id")) for record in objects)
+    has_objects, all_have_ids = False, True
+    for _origin, _locator, record, _error in id_pass:
+        if isinstance(record, dict):
+            has_objects = True
+            if not _usable_id(record.get("id")):
+                all_have_ids = False
+                break
+    use_ids = has_objects and all_have_ids
     for number, (origin, locator, record, error) in enumerate(entries, start=1):
         if use_ids:
             local_id = record["id"] if isinstance(record, dict) else locator
