@@ -1,7 +1,8 @@
 """Benchmark: training-package pack and extract+verify vs tar czf / tar --zstd, side by side in one run.
 
 Generates a dataset in a temp dir (default ~520 MB): WebDataset-like shard tars of
-(JSON + real Pillow JPEG) samples with an Energon `.nv-meta`, plus loose JPEGs.
+(JSON + real Pillow JPEG) samples in two sources, each with an Energon `.nv-meta`, their
+metadataset, plus loose JPEGs.
 The JPEGs are photo-like (smooth random colour fields + sensor-like noise), so
 they are about as incompressible as camera images, not zeros.
 
@@ -124,11 +125,18 @@ def generate(root: Path, size_mb: int, workers: int) -> int:
     jpeg_jobs = [(root / "images" / f"batch_{i}", 1000 + i, jpeg_target) for i in range(image_jobs)]
     with multiprocessing.Pool(workers) as pool:
         written = sum(pool.map(_make_shard, shard_jobs)) + sum(pool.map(_make_images, jpeg_jobs))
-    meta = root / "packed_wds" / ".nv-meta"
-    meta.mkdir(parents=True, exist_ok=True)
-    (meta / "dataset.yaml").write_text("__class__: CrudeWebdataset\nsubflavors: {sample_type: packed_vqa}\n")
-    (meta / "split.yaml").write_text("split_parts:\n  train: ['src_*/pretrain-*.tar']\n")
-    (meta / ".info.json").write_text(json.dumps({"shard_counts": {p.name: 1 for p, _ in shard_jobs}}))
+    # One Energon dataset per source, as the product lays them out, and the mix over them.
+    for source in ("src_0", "src_1"):
+        meta = root / "packed_wds" / source / ".nv-meta"
+        meta.mkdir(parents=True, exist_ok=True)
+        (meta / "dataset.yaml").write_text("__class__: CrudeWebdataset\nsubflavors: {sample_type: packed_vqa}\n")
+        (meta / "split.yaml").write_text("split_parts:\n  train: ['pretrain-*.tar']\n")
+        shards = {path.name: 1 for path, _ in shard_jobs if path.parent.name == source}
+        (meta / ".info.json").write_text(json.dumps({"shard_counts": shards}))
+    (root / "packed_wds" / "metadataset.yaml").write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        "      - {path: src_0, weight: 1}\n      - {path: src_1, weight: 1}\n"
+    )
     return written
 
 
