@@ -72,6 +72,9 @@ class _CheckEncoder(DefaultTaskEncoder):
 def load_all_ids(root: Path) -> list[str]:
     """Load every sample of the prepared dataset through Energon; errors propagate.
 
+    Media arrive as their bytes, undecoded: the catalogue already decoded each one, and decoding
+    them again here would make the check cost more than the whole packing.
+
     Returns the record ids in load order (one pass, no shuffling, no repeats).
     """
     worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0, global_error_handler=reraise_exception)
@@ -81,6 +84,7 @@ def load_all_ids(root: Path) -> list[str]:
         worker_config=worker_config,
         batch_size=1,
         task_encoder=_CheckEncoder(),
+        auto_decode=False,
     )
     return [sample.record["id"] for sample in _samples(dataset)]
 
@@ -100,6 +104,7 @@ def draw_from_metadataset(metadataset: Path, draws: int, seed: int) -> list[Load
         shuffle_buffer_size=None,
         max_samples_per_sequence=None,
         task_encoder=_CheckEncoder(),
+        auto_decode=False,
     )
     drawn: list[LoadedPackedSample] = []
     for sample in _samples(dataset):
