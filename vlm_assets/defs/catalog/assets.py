@@ -8,7 +8,7 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 
-from vlm_assets.catalog.build import MediaValidator, read_catalog
+from vlm_assets.catalog.build import MediaValidator
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
@@ -130,16 +130,20 @@ def lengths_match_processor(
     app = vlm_config.app
     source = context.partition_key
     counter = LengthCounter(hf_processor.load(), app.frame_cache)
-    catalog = read_catalog(vlm_config.layout.catalog(source)).set_index("sample_id", drop=False)
-    stored = pd.read_parquet(vlm_config.layout.lengths(source)).set_index("sample_id", drop=False)
+    stored = pd.read_parquet(vlm_config.layout.lengths(source), columns=["sample_id", "status", "token_len"])
+    stored = stored.set_index("sample_id", drop=False)
     ok_ids = stored.sample_id[stored.status == STATUS_OK].tolist()
     chosen = random.Random(0).sample(ok_ids, min(CHECK_SAMPLE_SIZE, len(ok_ids)))
     mismatches = []
-    for sample in _samples_for_length(catalog.loc[chosen]):
-        exact = counter.exact(sample)
-        expected = int(stored.at[sample.sample_id, "token_len"])
-        if exact.status != STATUS_OK or exact.token_len != expected:
-            mismatches.append({"sample_id": sample.sample_id, "stored": expected, "exact": exact.token_len, "reason": exact.reason})
+    if chosen:
+        # Only the chosen rows of the catalogue are read: a big source's conversations stay on disk.
+        rows = pd.read_parquet(vlm_config.layout.catalog(source), filters=[("sample_id", "in", chosen)])
+        for sample in _samples_for_length(rows.set_index("sample_id", drop=False).loc[chosen]):
+            exact = counter.exact(sample)
+            expected = int(stored.at[sample.sample_id, "token_len"])
+            if exact.status != STATUS_OK or exact.token_len != expected:
+                mismatches.append({"sample_id": sample.sample_id, "stored": expected, "exact": exact.token_len,
+                                   "reason": exact.reason})
     return dg.AssetCheckResult(
         passed=not mismatches,
         metadata={"rows_checked": len(chosen), "mismatches": dg.MetadataValue.json(mismatches[:20])},
