@@ -36,7 +36,9 @@ PEAK_OF_CHILDREN = (
 
 
 def write_source(samples: int) -> Path:
-    manifest = OUT / f"chat_{samples}.jsonl"
+    # Its own folder: the folder is the source's media root, whose files are part of the catalogue's
+    # fingerprint, so the runs' storage must not live in it.
+    manifest = OUT / "inputs" / f"chat_{samples}.jsonl"
     if manifest.exists():
         return manifest
     rng = random.Random(samples)
@@ -55,7 +57,7 @@ def write_source(samples: int) -> Path:
 def peaks(samples: int) -> dict[str, float]:
     """Peak RSS (MiB) of each step's processes on a source of `samples` samples."""
     manifest = write_source(samples)
-    site = OUT / f"site_{samples}"
+    site = OUT / "sites" / str(samples)
     shutil.rmtree(site, ignore_errors=True)
     site.mkdir(parents=True)
     config = site / "vlm_assets.yaml"
