@@ -48,26 +48,33 @@ def ordered_map(
     initializer: Callable[..., None],
     initargs: tuple[Any, ...] = (),
 ) -> Iterator[Result]:
-    """`function` over `chunks`, results in input order, on `processes` spawned processes.
+    """`function` over `chunks`, results in input order, on `processes` processes: this one and spawned ones.
 
-    `initializer(*initargs)` prepares each process (for example loads a model once). With one
-    process everything runs here, without the start-up cost of a pool.
+    `initializer(*initargs)` prepares each process (for example loads a model once), this one too:
+    it does its share of the chunks, so one process fewer is started and what it set up (a model
+    a check needs next) stays at hand. With one process everything runs here, without a pool.
     """
+    initializer(*initargs)
     if processes <= 1:
-        initializer(*initargs)
         yield from map(function, chunks)
         return
     # spawn, not fork: the caller may hold threads (Dagster's, a decoder's) that fork would copy mid-state.
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=processes, mp_context=context, initializer=initializer, initargs=initargs) as pool:
-        pending: deque[Future[Result]] = deque()
+    helpers = processes - 1
+    with ProcessPoolExecutor(max_workers=helpers, mp_context=context, initializer=initializer, initargs=initargs) as pool:
+        # Every `processes`-th chunk is done here, when its turn to be yielded comes; the pool works ahead meanwhile.
+        pending: deque[Future[Result] | tuple[Item]] = deque()
         try:
-            for chunk in chunks:
-                pending.append(pool.submit(function, chunk))
+            for number, chunk in enumerate(chunks):
+                pending.append((chunk,) if number % processes == 0 else pool.submit(function, chunk))
                 if len(pending) >= processes * CHUNKS_IN_FLIGHT_PER_PROCESS:
-                    yield pending.popleft().result()
+                    yield _result(pending.popleft(), function)
             while pending:
-                yield pending.popleft().result()
+                yield _result(pending.popleft(), function)
         finally:
             # A failed chunk (or a consumer that stops early) ends the step: queued chunks are dropped.
             pool.shutdown(cancel_futures=True)
+
+
+def _result(entry: Future[Result] | tuple[Item], function: Callable[[Item], Result]) -> Result:
+    return entry.result() if isinstance(entry, Future) else function(entry[0])

@@ -200,7 +200,7 @@ def test_a_check_log_cut_short_keeps_what_it_proved(tmp_path, shared_data):
     source, _ = _media_source(tmp_path, shared_data)
     log_path = tmp_path / "checks.jsonl"
     validator = MediaValidator(8, MediaCheckLog(log_path))
-    chunks = iter_catalog_chunks(source, "messages", validator, chunk_records=1)
+    chunks = iter_catalog_chunks(source, "messages", validator, chunk_work=1)
     next(chunks), next(chunks)  # the build stops after two records
     validator.check_log.close()
     with open(log_path, "a") as log:

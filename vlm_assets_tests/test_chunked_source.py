@@ -12,7 +12,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from vlm_assets.catalog.build import MediaValidator, build_catalog, read_catalog
+from vlm_assets.catalog.build import MediaValidator, build_catalog, iter_catalog_chunks, read_catalog
 from vlm_assets.catalog.lookup import SampleLookup
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
@@ -57,7 +57,7 @@ def big_source(tmp_path_factory) -> SourceConfig:
 @pytest.fixture(scope="module")
 def catalog(big_source, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("catalog") / "catalog.parquet"
-    write_catalog(big_source, path, "messages", MediaValidator(), 2, chunk_records=CHUNK_ROWS)
+    write_catalog(big_source, path, "messages", MediaValidator(), 2, chunk_work=CHUNK_ROWS)
     return path
 
 
@@ -78,7 +78,7 @@ def test_catalogue_on_two_processes_equals_one_process(big_source, catalog, tmp_
     # Workers report the media they checked; the build records them once, so a rebuild on two
     # processes decodes nothing and the log still lists every image the catalogue uses.
     again = MediaValidator(check_log=MediaCheckLog(checks))
-    write_catalog(big_source, tmp_path / "again.parquet", "messages", again, 2, chunk_records=CHUNK_ROWS)
+    write_catalog(big_source, tmp_path / "again.parquet", "messages", again, 2, chunk_work=CHUNK_ROWS)
     assert again.decoded == 0 and again.remembered >= 12  # each worker looks its images up once
     assert len(checks.read_text().splitlines()) == 12
     assert (tmp_path / "again.parquet").read_bytes() == catalog.read_bytes()
@@ -166,3 +166,39 @@ def test_sample_lookup_on_disk_answers_like_the_catalogue_in_memory(catalog, tmp
         with pytest.raises(KeyError):
             lookup[rejected]
     assert list(near.parent.iterdir()) == []
+
+
+def test_video_records_make_small_chunks_and_two_processes_give_the_same_catalogue_and_mosaics(tmp_path):
+    """A video's check decodes its sampled frames, so chunks hold few videos: a video source is not one chunk."""
+    from vlm_assets.frames.spool import MosaicSpool
+    from vlm_assets_tests.test_frames import make_video
+
+    for number in range(7):
+        make_video(tmp_path / f"clip{number}.mp4", frames=20 + number)
+    lines = []
+    for number in range(10):
+        record = {"id": f"r{number}", "messages": [{"role": "user", "content": "<video>What happens?"},
+                                                      {"role": "assistant", "content": "Stripes move."}]}
+        if number < 7:
+            record["videos"] = [f"clip{number}.mp4"]
+        else:
+            record["messages"][0]["content"] = "Just text."
+        lines.append(json.dumps(record))
+    (tmp_path / "clips.jsonl").write_text("\n".join(lines) + "\n")
+    source = SourceConfig("clips", "jsonl", tmp_path / "clips.jsonl", tmp_path)
+
+    # Records the same with one process: chunk boundaries follow the records' work, not the processes.
+    chunk_sizes = [len(chunk) for chunk in iter_catalog_chunks(source, "messages", MediaValidator(8))]
+    assert chunk_sizes == [3, 3, 4]  # three videos, three videos, one video and the three text records
+
+    config = FrameCacheConfig(num_frames=8, frame_size=64, rows=2, cols=4)
+    tables, spools = [], []
+    for processes in (1, 2):
+        spool = tmp_path / f"spool{processes}"
+        validator = MediaValidator(8, mosaic_spool=MosaicSpool(spool, config))
+        summary = write_catalog(source, tmp_path / f"catalog{processes}.parquet", "messages", validator, processes)
+        assert (summary.ok, summary.rejected, validator.decoded) == (10, 0, 7)
+        tables.append((tmp_path / f"catalog{processes}.parquet").read_bytes())
+        spools.append(sorted((path.name, path.read_bytes()) for path in spool.rglob("*") if path.is_file()))
+    assert tables[0] == tables[1]
+    assert spools[0] == spools[1] and len(spools[0]) >= 7

@@ -155,7 +155,11 @@ def _rejected(reason: str) -> dict:
 _RECORD_ERRORS = (SampleError, OSError, ValueError, RecursionError)
 
 
-CATALOG_CHUNK_RECORDS = 256
+# A chunk's work: at most this many records, and fewer when they hold videos.
+CATALOG_CHUNK_WORK = 256
+# Checking a video decodes (and renders) its sampled frames: about the work of this many image checks.
+# Chunks are cut by this work, so a video source splits into many small chunks, not one big one.
+VIDEO_CHECK_WORK = 64
 
 
 def _with_duplicates_marked(records: Iterable[RawRecord]) -> Iterator[RawRecord]:
@@ -183,8 +187,38 @@ def _row(raw: RawRecord, source: str, text_key: str, validator: MediaValidator) 
     return {"sample_id": raw.sample_id, "source": source, "origin": raw.origin, **row}
 
 
-def _batched(records: Iterator[RawRecord], size: int) -> Iterator[list[RawRecord]]:
-    while chunk := list(itertools.islice(records, size)):
+def _check_work(raw: RawRecord) -> int:
+    """Rough work of one record's checks: 1, plus VIDEO_CHECK_WORK per video it names or holds."""
+    if raw.error:
+        return 1
+    names = [*_strings(raw.record), *raw.resolver.listed_media_names()]
+    return 1 + VIDEO_CHECK_WORK * sum(1 for name in names if kind_from_name(name) == "video")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        if len(value) < 4096:  # a file name, not text
+            yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _chunked_by_work(records: Iterator[RawRecord], work_per_chunk: int) -> Iterator[list[RawRecord]]:
+    """Chunks of at most `work_per_chunk` check work (so at most that many records), one record at least."""
+    chunk: list[RawRecord] = []
+    work = 0
+    for raw in records:
+        record_work = _check_work(raw)
+        if chunk and work + record_work > work_per_chunk:
+            yield chunk
+            chunk, work = [], 0
+        chunk.append(raw)
+        work += record_work
+    if chunk:
         yield chunk
 
 
@@ -214,7 +248,7 @@ def iter_catalog_chunks(
     text_key: str,
     validator: MediaValidator,
     processes: int = 1,
-    chunk_records: int = CATALOG_CHUNK_RECORDS,
+    chunk_work: int = CATALOG_CHUNK_WORK,
 ) -> Iterator[list[dict]]:
     """One row per input record, in reading order, a chunk at a time: each record fails alone, none is dropped.
 
@@ -222,7 +256,7 @@ def iter_catalog_chunks(
     media checked in the worker processes; the rows are the same as with one process. `validator`
     then only gathers the workers' counts and checks.
     """
-    chunks = _batched(_with_duplicates_marked(read_source(source)), chunk_records)
+    chunks = _chunked_by_work(_with_duplicates_marked(read_source(source)), chunk_work)
     # Worker processes cost a start-up each; a source of one chunk is done here.
     opening = list(itertools.islice(chunks, 2))
     chunks = itertools.chain(opening, chunks)

@@ -40,6 +40,10 @@ class MediaResolver(Protocol):
 
     def same_stem_media(self) -> list[ResolvedMedia]: ...
 
+    def listed_media_names(self) -> list[str]:
+        """Media beside the record that are already known without touching the disk (a hint of its work)."""
+        ...
+
 
 @dataclass
 class RawRecord:
@@ -132,6 +136,12 @@ class FileResolver:
         path = next(iter(found))
         return ResolvedMedia(name, str(path), self._key(path))
 
+    def listed_media_names(self) -> list[str]:
+        if self.stem_of is None or self.stem_folder is None:
+            return []
+        prefix = f"{self.stem_of.stem}."
+        return [name for name in self.stem_folder if name.startswith(prefix) and name != self.stem_of.name]
+
     def same_stem_media(self) -> list[ResolvedMedia]:
         if self.stem_of is None:
             return []
@@ -190,6 +200,9 @@ class TarSampleResolver:
         if len(candidates) > 1:
             raise SampleError(f"ambiguous media: {name!r} matches members {sorted(candidates)} in {self.tar_path}")
         return self._resolved(name, candidates.pop())
+
+    def listed_media_names(self) -> list[str]:
+        return list(self.members)
 
     def same_stem_media(self) -> list[ResolvedMedia]:
         media = [member for member in sorted([*self.members, *self.others]) if _member_extension(member) in MEDIA_EXTENSIONS]

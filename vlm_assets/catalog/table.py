@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
-from vlm_assets.catalog.build import CATALOG_CHUNK_RECORDS, MediaValidator, iter_catalog_chunks
+from vlm_assets.catalog.build import CATALOG_CHUNK_WORK, MediaValidator, iter_catalog_chunks
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK
 from vlm_assets.config import SourceConfig
 
@@ -66,7 +66,7 @@ def write_catalog(
     validator: MediaValidator,
     processes: int = 1,
     progress: Callable[[int], None] | None = None,
-    chunk_records: int = CATALOG_CHUNK_RECORDS,
+    chunk_work: int = CATALOG_CHUNK_WORK,
 ) -> CatalogSummary:
     """Build `source`'s catalogue into `target` (atomically). `progress(rows so far)` after each write.
 
@@ -76,7 +76,7 @@ def write_catalog(
     pending: list[dict] = []
     try:
         with atomic_path(target) as tmp, pq.ParquetWriter(tmp, CATALOG_SCHEMA) as writer:
-            for rows in iter_catalog_chunks(source, text_key, validator, processes, chunk_records):
+            for rows in iter_catalog_chunks(source, text_key, validator, processes, chunk_work):
                 pending.extend(rows)
                 summary.add(rows)
                 if len(pending) >= ROWS_PER_WRITE:
