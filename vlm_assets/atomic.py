@@ -8,11 +8,12 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
-
-import pandas as pd
+from typing import IO, TYPE_CHECKING
 
 from vlm_assets.locks import local_writer_gone, parse_writer_tag, writer_tag
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TEMP_SUFFIX = ".tmp"
 # `.<target name>~<host>-<pid>~<random>.tmp`: the writer's host and pid let cleanup tell a dead

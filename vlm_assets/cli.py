@@ -27,21 +27,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
                           "add a `sources:` list (inbox entries are built by the inbox sensor under `dagster dev`)")
     # The code location reads the same file, so the UI and this run agree on settings.
     os.environ[CONFIG_ENV_VAR] = str(app.path)
-    from vlm_assets.runner import default_workers, ensure_dagster_home, open_instance, print_outputs, run_graph
+    from vlm_assets.runner import (
+        default_workers, ensure_dagster_home, open_instance, print_outputs, run_graph, start_workers,
+    )
 
     home = ensure_dagster_home(Path(args.dagster_home) if args.dagster_home else app.path.parent / ".dagster_home")
     dagster = Path(sys.executable).parent / "dagster"  # the venv's, which a fresh shell has no PATH to
     print(f"Dagster instance: {home}  (see the runs with: DAGSTER_HOME={home} VLM_ASSETS_CONFIG={app.path} "
           f"{dagster} dev)", flush=True)
-    from vlm_assets.definitions import build_definitions
-
-    defs = build_definitions(str(app.path))
-    select = [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None
     workers = args.workers or default_workers()
     started = time.monotonic()
-    with open_instance(home) as instance:
-        summary = run_graph(defs, app, instance, select, echo=_echo, workers=workers, force=args.force,
-                            log_dir=home / "logs", executor=args.executor)
+    with start_workers(str(app.path), workers) as pool:
+        from vlm_assets.definitions import build_definitions
+
+        defs = build_definitions(str(app.path))
+        select = [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None
+        with open_instance(home) as instance:
+            summary = run_graph(defs, app, instance, select, echo=_echo, workers=workers, force=args.force,
+                                log_dir=home / "logs", executor=args.executor, pool=pool)
     print_outputs(app)
     print(f"{summary.runs} run(s), {len(summary.materialized)} materialisation(s), {len(summary.up_to_date)} up to date, "
           f"{len(summary.failed_runs)} failed run(s), {len(summary.failed_checks)} failed check(s), "

@@ -216,6 +216,19 @@ def _worker_init(parent_pid: int, config_path: str) -> None:
     threading.Thread(target=watch_parent, daemon=True, name="watch-parent").start()
 
 
+def start_workers(config_path: str, workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    """`workers` worker processes for `run_graph`, already starting: each loads the code location
+    (seconds) while the caller loads its own copy, instead of after it."""
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+        initargs=(os.getpid(), config_path),
+    )
+    for _ in range(max(1, workers)):
+        # A failed load is not reported here: the first run in that process fails with the error.
+        pool.submit(_worker_state, config_path)
+    return pool
+
+
 def _worker_state(config_path: str) -> tuple[dg.Definitions, dg.DagsterInstance, VlmConfig]:
     if "defs" not in _worker:
         from vlm_assets.definitions import build_definitions
@@ -434,7 +447,12 @@ def run_graph(
     force: bool = False,
     log_dir: Path | None = None,
     executor: str = "in_process",
+    pool: concurrent.futures.ProcessPoolExecutor | None = None,
 ) -> RunSummary:
+    """Materialise `select` (and what it reads) as one run per asset partition on `workers` processes.
+
+    `pool`: the processes from `start_workers` (started here when not given); shut down on return.
+    """
     shape = graph_shape(defs)
     selected = selected_assets(shape, select)
     if executor == "celery":
@@ -450,12 +468,8 @@ def run_graph(
     register_sources(instance, app)
     scheduler = _Scheduler(defs, app, instance, selected, shape, force, echo)
     log_dir = log_dir or Path(os.environ.get("DAGSTER_HOME", ".")) / "logs"
-    context = multiprocessing.get_context("spawn")
     in_flight: dict[concurrent.futures.Future, tuple[str, str | None]] = {}
-    with _Stop(echo) as stop, concurrent.futures.ProcessPoolExecutor(
-        max_workers=max(1, workers), mp_context=context, initializer=_worker_init,
-        initargs=(os.getpid(), str(app.path)),
-    ) as pool:
+    with _Stop(echo) as stop, pool or start_workers(str(app.path), workers) as pool:
         while True:
             if not stop.requested:
                 launch = []

@@ -8,7 +8,6 @@ import os
 
 from vlm_assets.config import CONFIG_ENV_VAR, load_config
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
-from vlm_assets.scale_out.executor import require_broker
 
 WORKER_ARGS = (
     # One step per free process: the rest stay in the queue for the other workers.
@@ -28,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def start_worker(args: argparse.Namespace) -> int:
+    from vlm_assets.scale_out.executor import require_broker
+
     app = load_config(args.config)
     broker = require_broker()
     # Steps of runs launched by the daemon rebuild the code location, which reads this variable.
