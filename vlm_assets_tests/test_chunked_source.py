@@ -22,7 +22,7 @@ from vlm_assets.packing.records import RECORD_COLUMNS, samples_by_id
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, step_processes
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
-from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, write_length_table
+from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, sample_ok_rows, write_length_table
 from vlm_assets_tests.run_support import run
 
 MODEL = ModelConfig(processor_kwargs={"min_pixels": 3136, "max_pixels": 1003520})
@@ -111,6 +111,12 @@ def test_chunked_lengths_on_two_processes_equal_one_process_and_the_whole_source
     rejected = table[table.status != STATUS_OK]
     assert rejected.reason.tolist() == frame[frame.status != STATUS_OK].reason.tolist()
     assert rejected.reason.str.contains("missing.jpg").sum() == 4
+
+    # The check's sample, read chunk by chunk, is the one a whole-table draw gives.
+    ok_table = table[table.status == STATUS_OK]
+    drawn = random.Random(0).sample(ok_table.sample_id.tolist(), 10)
+    assert sample_ok_rows(two, 10) == dict(zip(drawn, ok_table.set_index("sample_id").token_len[drawn].tolist()))
+    assert len(sample_ok_rows(two, 10_000)) == len(ok_table)
 
 
 def test_step_processes_setting(monkeypatch):

@@ -17,10 +17,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from vlm_assets.atomic import TEMP_SUFFIX, temp_prefix
 from vlm_assets.catalog.schema import STATUS_OK
+from vlm_assets.parquet_batches import parquet_batches
 
 INSERT_BATCH_ROWS = 8192
 
@@ -40,8 +39,7 @@ class SampleLookup(Mapping[str, dict[str, Any]]):
             self._db.execute("PRAGMA journal_mode = OFF")
             self._db.execute("PRAGMA synchronous = OFF")
             self._db.execute("CREATE TABLE samples (id TEXT PRIMARY KEY, row TEXT NOT NULL) WITHOUT ROWID")
-            parquet = pq.ParquetFile(catalog)
-            for batch in parquet.iter_batches(batch_size=INSERT_BATCH_ROWS, columns=["sample_id", "status", *self.columns]):
+            for batch in parquet_batches(catalog, ["sample_id", "status", *self.columns], INSERT_BATCH_ROWS):
                 data = batch.to_pydict()
                 self._db.executemany("INSERT INTO samples VALUES (?, ?)", [
                     (sample_id, json.dumps([data[column][index] for column in self.columns]))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.packing.binpack import best_fit_decreasing
+from vlm_assets.parquet_batches import parquet_batches
 
 BIN_COLUMNS = ("bin_id", "sample_ids", "lengths", "total_len")
 REJECT_COLUMNS = ("sample_id", "reason", "category")
@@ -116,7 +116,7 @@ def bins_frame(sample_ids: list[str], lengths: np.ndarray, max_token_len: int) -
 
 def iter_bins(path: Path, batch_rows: int = 8192) -> Iterator[tuple[int, list[str], list[int]]]:
     """`(bin_id, sample_ids, lengths)` of every bin, in order, a batch at a time from the file."""
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=["bin_id", "sample_ids", "lengths"]):
+    for batch in parquet_batches(path, ["bin_id", "sample_ids", "lengths"], batch_rows):
         data = batch.to_pydict()
         yield from zip(data["bin_id"], data["sample_ids"], data["lengths"])
 

@@ -8,18 +8,21 @@ same rows, in the same order, whatever the number of processes.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
 from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
 from vlm_assets.config import FrameCacheConfig, ModelConfig
 from vlm_assets.parallel import ordered_map
+from vlm_assets.parquet_batches import parquet_batches, parquet_rows
 from vlm_assets.tokens.lengths import LengthCounter, LengthResult, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
 
@@ -70,9 +73,8 @@ def write_length_table(
     chunk_rows: int = LENGTH_CHUNK_ROWS,
 ) -> LengthTableSummary:
     """Write the length table of the catalogue at `catalog` to `target` (atomically)."""
-    parquet = pq.ParquetFile(catalog)
-    total = parquet.metadata.num_rows
-    chunks = (batch.to_pylist() for batch in parquet.iter_batches(batch_size=chunk_rows, columns=CATALOG_COLUMNS_READ))
+    total = parquet_rows(catalog)
+    chunks = (batch.to_pylist() for batch in parquet_batches(catalog, CATALOG_COLUMNS_READ, chunk_rows))
     # A pool costs each process a processor load (seconds); a single chunk is not worth it.
     processes = processes if total > chunk_rows else 1
     done, ok_lengths = 0, []
@@ -86,3 +88,26 @@ def write_length_table(
             if progress:
                 progress(done, total)
     return LengthTableSummary(total, processes, np.concatenate(ok_lengths) if ok_lengths else np.zeros(0, dtype=np.int64))
+
+
+def sample_ok_rows(lengths: Path, count: int, seed: int = 0) -> dict[str, int]:
+    """`count` ok rows of a length table, chosen at random (`seed`): sample id -> stored token_len.
+
+    The table is read a chunk at a time, twice (to count the ok rows, then to pick them), so
+    memory does not grow with the source. The choice equals `random.Random(seed).sample` of the
+    list of ok sample ids.
+    """
+    ok_rows = sum(
+        pc.sum(pc.equal(batch.column(0), STATUS_OK)).as_py() or 0
+        for batch in parquet_batches(lengths, ["status"], LENGTH_CHUNK_ROWS * 8)
+    )
+    wanted = set(random.Random(seed).sample(range(ok_rows), min(count, ok_rows)))
+    chosen: dict[str, int] = {}
+    rank = 0
+    for batch in parquet_batches(lengths, ["sample_id", "status", "token_len"], LENGTH_CHUNK_ROWS * 8):
+        for sample_id, status, token_len in zip(*(column.to_pylist() for column in batch.columns)):
+            if status == STATUS_OK:
+                if rank in wanted:
+                    chosen[sample_id] = token_len
+                rank += 1
+    return chosen

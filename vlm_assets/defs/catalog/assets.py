@@ -1,7 +1,6 @@
 """Sample catalogue and token-length assets, partitioned by source."""
 
 
-import random
 from collections import Counter
 
 import dagster as dg
@@ -17,7 +16,7 @@ from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.parallel import step_processes
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
-from vlm_assets.tokens.table import write_length_table
+from vlm_assets.tokens.table import sample_ok_rows, write_length_table
 from vlm_assets.wording import plural
 
 CHECK_SAMPLE_SIZE = 24
@@ -130,17 +129,15 @@ def lengths_match_processor(
     app = vlm_config.app
     source = context.partition_key
     counter = LengthCounter(hf_processor.load(), app.frame_cache)
-    stored = pd.read_parquet(vlm_config.layout.lengths(source), columns=["sample_id", "status", "token_len"])
-    stored = stored.set_index("sample_id", drop=False)
-    ok_ids = stored.sample_id[stored.status == STATUS_OK].tolist()
-    chosen = random.Random(0).sample(ok_ids, min(CHECK_SAMPLE_SIZE, len(ok_ids)))
+    stored = sample_ok_rows(vlm_config.layout.lengths(source), CHECK_SAMPLE_SIZE)
+    chosen = list(stored)
     mismatches = []
     if chosen:
         # Only the chosen rows of the catalogue are read: a big source's conversations stay on disk.
         rows = pd.read_parquet(vlm_config.layout.catalog(source), filters=[("sample_id", "in", chosen)])
         for sample in _samples_for_length(rows.set_index("sample_id", drop=False).loc[chosen]):
             exact = counter.exact(sample)
-            expected = int(stored.at[sample.sample_id, "token_len"])
+            expected = stored[sample.sample_id]
             if exact.status != STATUS_OK or exact.token_len != expected:
                 mismatches.append({"sample_id": sample.sample_id, "stored": expected, "exact": exact.token_len,
                                    "reason": exact.reason})

@@ -1,0 +1,22 @@
+"""Reading a parquet table a batch at a time, in memory that does not grow with the table."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def parquet_batches(path: Path | str, columns: Sequence[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """`columns` of the table at `path`, `batch_rows` rows at a time.
+
+    Pre-buffering is off: with it (pyarrow's default) the file keeps every row group's bytes it has
+    read until it is closed, about 1 KB per catalogue row, so streaming a big table would hold it all.
+    """
+    yield from pq.ParquetFile(path, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=list(columns))
+
+
+def parquet_rows(path: Path | str) -> int:
+    return pq.ParquetFile(path, pre_buffer=False).metadata.num_rows
