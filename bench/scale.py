@@ -1,16 +1,16 @@
 """How `vlm-assets run` scales: 1 vs 2 workers, and the graph's CPU per video vs decode-only.
 
-    .venv/bin/python bench/scale.py [--videos 60] [--images 12000] [--repeats 2] [--quick]
+    .venv/bin/python bench/scale.py [--videos 60] [--images 24000] [--repeats 2] [--quick]
 
 Inputs are generated once with fixed seeds and cached under bench/out/scale/ (reruns reuse them):
---videos short H.264 and MPEG-4 clips (320–640 px, 3–5 s, moving texture) as one jsonl source,
+--videos H.264 and MPEG-4 clips (480–854 px wide, 8–20 s, moving texture) as one jsonl source,
 and --images small JPEG/PNG images with one- or two-turn conversations as another.
 
 1. Workers. For each target the real CLI
    (`python -m vlm_assets.cli run --config CFG --workers N --force --select ASSET`) runs
    --repeats times with 1 and with 2 workers, alternating, each on a fresh DAGSTER_HOME and
    storage root over the same inputs:
-     frame cache   the video source, --select frame_cache_index (2 videos per shard: many shards)
+     frame cache   the video source, --select frame_cache_index (8 videos per shard: several shards)
      images        the image source, --select packed_wds_shards
    Prints the median wall time, the speed-up, the serial fraction it implies by Amdahl's law
    (s = 2/speed-up − 1), and where the time goes: seconds inside each asset's runs, read from
@@ -68,9 +68,9 @@ from vlm_assets.frames.shard import build_shard  # noqa: E402
 
 PYTHON = sys.executable
 # Bump when the generators below change, so cached inputs made by older code are not reused.
-OUT = ROOT / "bench" / "out" / "scale" / "v1"
+OUT = ROOT / "bench" / "out" / "scale" / "v2"
 # The production frame-cache settings, with small shards so the shard runs are many and parallel.
-VIDEOS_PER_SHARD = 2
+VIDEOS_PER_SHARD = 8
 FRAME_CACHE = FrameCacheConfig(num_frames=64, frame_size=384, rows=4, cols=16, jpeg_quality=95,
                                videos_per_shard=VIDEOS_PER_SHARD)
 TARGET_SPEEDUP = 1.8  # 2 workers on 2 cores
@@ -78,7 +78,7 @@ TARGET_CPU_RATIO = 1.5
 TARGET_CELERY_SPEEDUP = 1.7  # Celery with 2 workers vs one in-process worker
 # Below this a one-worker run is dominated by fixed start-up, which says little about scaling.
 MIN_ONE_WORKER_S = 60
-CLIP_SIZES = [(320, 240), (480, 272), (640, 360)]
+CLIP_SIZES = [(480, 272), (640, 360), (854, 480)]
 QUESTIONS = [
     ("What is shown here?", "A coloured pattern of blocks."),
     ("Describe the image briefly.", "Rectangles of noise in several colours."),
@@ -116,7 +116,7 @@ def generate_clip(path: Path, index: int) -> None:
     width, height = CLIP_SIZES[index % len(CLIP_SIZES)]
     codec = "libx264" if index % 2 == 0 else "mpeg4"
     fps = int(rng.choice([24, 30]))
-    frames = int(rng.integers(3, 6)) * fps
+    frames = int(rng.integers(8, 21)) * fps
     # A coarse texture that moves and changes colour, so inter frames carry real motion.
     texture = rng.integers(0, 256, (height // 8, width // 8, 3), dtype=np.uint8).repeat(8, 0).repeat(8, 1)
 
@@ -477,7 +477,7 @@ def print_breakdown(target: Target, runs: dict[int, list[Measured]]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--videos", type=int, default=60, help="generated clips in the video source")
-    parser.add_argument("--images", type=int, default=12000, help="generated images in the image source")
+    parser.add_argument("--images", type=int, default=24000, help="generated images in the image source")
     parser.add_argument("--repeats", type=int, default=2, help="runs per worker count; the median is reported")
     parser.add_argument("--quick", action="store_true", help="smoke run: 6 videos, 300 images, 1 repeat")
     parser.add_argument("--no-celery", action="store_true", help="leave out the Celery comparison")
