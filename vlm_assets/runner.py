@@ -31,6 +31,7 @@ from vlm_assets.defs.resources import ALIVE_TAG, CHUNKED_TAG, FINGERPRINT_KEY, S
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.packing.wds import list_shards
+from vlm_assets.scale_out.executor import file_sha256
 from vlm_assets.wording import plural
 
 # Instance templates ship inside the package, so a non-editable install finds them too.
@@ -195,8 +196,9 @@ class TaskOutcome:
         return [name for name, passed, severity in self.checks if not passed and severity == "ERROR"]
 
 
-# Per config path: a Celery worker's pool process may execute runs of several configs.
-_worker: dict[str, tuple[dg.Definitions, dg.DagsterInstance, VlmConfig]] = {}
+# Per config path, with the sha256 of the file it was built from: a Celery worker's pool process
+# lives on and may execute runs of several configs, and of a config edited since its last run.
+_worker: dict[str, tuple[str, tuple[dg.Definitions, dg.DagsterInstance, VlmConfig]]] = {}
 
 
 def _worker_init(parent_pid: int, config_path: str) -> None:
@@ -218,12 +220,13 @@ def _worker_init(parent_pid: int, config_path: str) -> None:
 
 
 def _worker_state(config_path: str) -> tuple[dg.Definitions, dg.DagsterInstance, VlmConfig]:
-    if config_path not in _worker:
+    sha256 = file_sha256(config_path)
+    if config_path not in _worker or _worker[config_path][0] != sha256:
         from vlm_assets.definitions import build_definitions
 
         defs = build_definitions(config_path)
-        _worker[config_path] = (defs, dg.DagsterInstance.get(), defs.resources["vlm_config"])
-    return _worker[config_path]
+        _worker[config_path] = (sha256, (defs, dg.DagsterInstance.get(), defs.resources["vlm_config"]))
+    return _worker[config_path][1]
 
 
 def execute_task(config_path: str, asset: str, partition: str | None, log_dir: str,
