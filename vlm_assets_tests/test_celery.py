@@ -29,6 +29,7 @@ from vlm_assets_tests.run_support import differences, run, site_config, snapshot
 
 psycopg2 = pytest.importorskip("psycopg2")
 
+REPO = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 60
 # Events a step emits while it executes (engine events about a step come from the run's process too).
@@ -108,11 +109,16 @@ def postgres_env() -> Iterator[dict[str, str]]:
 
 
 def start_worker(config: Path, workdir: Path) -> subprocess.Popen:
-    """`vlm-assets worker` in its own directory and Dagster home, as on another machine."""
+    """`vlm-assets worker` in its own directory and Dagster home, as on another machine.
+
+    PYTHONPATH: outside the checkout, `-m vlm_assets.cli` would import the package the virtualenv's
+    editable install points at, which in a second git worktree is another checkout's code.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-m", "vlm_assets.cli", "worker", "--config", str(config), "--concurrency", "1"],
-        cwd=workdir, env={**os.environ, "DAGSTER_HOME": str(workdir / "home"), "PYTHONUNBUFFERED": "1"},
+        cwd=workdir, env={**os.environ, "DAGSTER_HOME": str(workdir / "home"), "PYTHONUNBUFFERED": "1",
+                          "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))},
         stdout=(workdir / "worker.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
 
