@@ -359,13 +359,16 @@ def celery_cluster(workdir: Path, workers: int = 2) -> Iterator[dict[str, str]]:
         broker = f"redis://127.0.0.1:{redis_port}/0"
         env = {CELERY_BROKER_ENV: broker, "VLM_ASSETS_PG_HOST": "127.0.0.1", "VLM_ASSETS_PG_PORT": str(pg_port),
                "VLM_ASSETS_PG_USER": "postgres", "VLM_ASSETS_PG_DB": "postgres"}
+        # Workers start outside the checkout, where `-m vlm_assets.cli` would import the package the
+        # virtualenv's editable install points at: another checkout's code in a second git worktree.
+        python_path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
         for number in range(workers):
             folder = workdir / f"worker{number}"
             folder.mkdir(parents=True, exist_ok=True)
             processes.append(subprocess.Popen(
                 [PYTHON, "-m", "vlm_assets.cli", "worker", "--config", str(workdir / "vlm_assets.yaml"),
                  "--concurrency", "1"],
-                cwd=folder, env={**os.environ, **env, "DAGSTER_HOME": str(folder / "home")},
+                cwd=folder, env={**os.environ, **env, "DAGSTER_HOME": str(folder / "home"), "PYTHONPATH": python_path},
                 stdout=(folder / "worker.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.monotonic() + 180
         while len(answering_workers(broker)) < workers:

@@ -31,6 +31,7 @@ from vlm_assets.defs.resources import ALIVE_TAG, CHUNKED_TAG, FINGERPRINT_KEY, S
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.packing.wds import list_shards
+from vlm_assets.scale_out.executor import file_sha256
 from vlm_assets.wording import plural
 
 # Instance templates ship inside the package, so a non-editable install finds them too.
@@ -195,7 +196,9 @@ class TaskOutcome:
         return [name for name, passed, severity in self.checks if not passed and severity == "ERROR"]
 
 
-_worker: dict[str, object] = {}
+# Per config path, with the sha256 of the file it was built from: a Celery worker's pool process
+# lives on and may execute runs of several configs, and of a config edited since its last run.
+_worker: dict[str, tuple[str, tuple[dg.Definitions, dg.DagsterInstance, VlmConfig]]] = {}
 
 
 def _worker_init(parent_pid: int, config_path: str) -> None:
@@ -230,43 +233,41 @@ def start_workers(config_path: str, workers: int) -> concurrent.futures.ProcessP
 
 
 def _worker_state(config_path: str) -> tuple[dg.Definitions, dg.DagsterInstance, VlmConfig]:
-    if "defs" not in _worker:
+    sha256 = file_sha256(config_path)
+    if config_path not in _worker or _worker[config_path][0] != sha256:
         from vlm_assets.definitions import build_definitions
 
         defs = build_definitions(config_path)
-        _worker["defs"] = defs
-        _worker["instance"] = dg.DagsterInstance.get()
-        _worker["vlm_config"] = defs.resources["vlm_config"]
-    return _worker["defs"], _worker["instance"], _worker["vlm_config"]  # type: ignore[return-value]
+        _worker[config_path] = (sha256, (defs, dg.DagsterInstance.get(), defs.resources["vlm_config"]))
+    return _worker[config_path][1]
 
 
 def execute_task(config_path: str, asset: str, partition: str | None, log_dir: str,
                  executor: str = "in_process", processes: int | None = None) -> TaskOutcome:
     """Materialise one asset partition (and its checks) as one run; summarise what happened.
 
-    With the celery executor this process orchestrates the run and Celery workers execute its steps.
-    `processes`: how many processes a chunked step of this run may use (None: as the environment says).
+    With the celery executor a Celery worker executes the run, as this function, and this process waits.
+    `processes`: how many processes a chunked step of this run may use (None: as the environment says;
+    on a worker, its own share of its machine's cores).
     """
+    if executor == "celery":
+        from vlm_assets.scale_out.executor import execute_on_workers
+
+        return execute_on_workers(config_path, asset, partition, log_dir)
     if processes is not None:
         os.environ[STEP_PROCESSES_ENV_VAR] = str(processes)
     defs, instance, vlm_config = _worker_state(config_path)
     token = process_token(vlm_config.app.storage_root)
-    if executor == "celery":
-        from vlm_assets.scale_out.executor import execute_on_workers
-
-        result = execute_on_workers(config_path, asset, partition, instance, RUN_LOGGING,
-                                    tags={**LAUNCHED_BY_TAG, ASSET_TAG: asset, ALIVE_TAG: str(token)})
-    else:
-        result = dg.materialize(
-            list(defs.assets or []) + list(defs.asset_checks or []),
-            selection=dg.AssetSelection.assets(asset),
-            partition_key=partition,
-            instance=instance,
-            resources=defs.resources or {},
-            run_config=RUN_LOGGING,
-            raise_on_error=False,
-            tags={**LAUNCHED_BY_TAG, ASSET_TAG: asset, ALIVE_TAG: str(token)},
-        )
+    result = dg.materialize(
+        list(defs.assets or []) + list(defs.asset_checks or []),
+        selection=dg.AssetSelection.assets(asset),
+        partition_key=partition,
+        instance=instance,
+        resources=defs.resources or {},
+        run_config=RUN_LOGGING,
+        raise_on_error=False,
+        tags={**LAUNCHED_BY_TAG, ASSET_TAG: asset, ALIVE_TAG: str(token)},
+    )
     outcome = TaskOutcome(asset, partition, run_id=result.run_id, success=result.success)
     for event in result.all_events:
         if event.event_type_value == "ASSET_MATERIALIZATION":
@@ -277,10 +278,6 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
         elif event.event_type_value == "STEP_FAILURE" and not outcome.failure:
             outcome.failure = root_cause(event.event_specific_data.error)
     if not result.success:
-        if executor == "celery" and not outcome.failure:
-            from vlm_assets.scale_out.executor import worker_failure
-
-            outcome.failure = worker_failure(result.all_events)
         outcome.failure = outcome.failure or "the run failed (see its log)"
         outcome.log_path = str(write_run_log(instance, result.run_id, Path(log_dir)))
     return outcome

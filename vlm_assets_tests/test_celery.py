@@ -1,4 +1,4 @@
-"""Steps on Celery workers: Redis as broker, the instance in PostgreSQL, two `vlm-assets worker` processes.
+"""Runs and steps on Celery workers: Redis as broker, the instance in PostgreSQL, two `vlm-assets worker` processes.
 
 Redis is Debian's `redis-server`, started by the test on a free loopback port; PostgreSQL comes from
 VLM_ASSETS_TEST_PG_* (`.ci/run` starts one; the test creates and drops its own database). Without
@@ -22,19 +22,19 @@ import dagster as dg
 import pytest
 import redis
 
-from vlm_assets.runner import POSTGRES_HOST_ENV
+from vlm_assets.runner import LAUNCHED_BY_TAG, POSTGRES_HOST_ENV
 from vlm_assets.scale_out.executor import CELERY_BROKER_ENV, answering_workers
 from vlm_assets_tests.pg_support import pg_server
 from vlm_assets_tests.run_support import differences, run, site_config, snapshot, start_run
 
 psycopg2 = pytest.importorskip("psycopg2")
 
+REPO = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 60
 # Events a step emits while it executes (engine events about a step come from the run's process too).
 STEP_EVENTS = {dg.DagsterEventType.STEP_START, dg.DagsterEventType.ASSET_MATERIALIZATION,
                dg.DagsterEventType.ASSET_CHECK_EVALUATION, dg.DagsterEventType.STEP_SUCCESS}
-WORKER_MESSAGE = "in celery worker"
 
 
 def _unavailable(reason: str) -> None:
@@ -109,11 +109,16 @@ def postgres_env() -> Iterator[dict[str, str]]:
 
 
 def start_worker(config: Path, workdir: Path) -> subprocess.Popen:
-    """`vlm-assets worker` in its own directory and Dagster home, as on another machine."""
+    """`vlm-assets worker` in its own directory and Dagster home, as on another machine.
+
+    PYTHONPATH: outside the checkout, `-m vlm_assets.cli` would import the package the virtualenv's
+    editable install points at, which in a second git worktree is another checkout's code.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-m", "vlm_assets.cli", "worker", "--config", str(config), "--concurrency", "1"],
-        cwd=workdir, env={**os.environ, "DAGSTER_HOME": str(workdir / "home"), "PYTHONUNBUFFERED": "1"},
+        cwd=workdir, env={**os.environ, "DAGSTER_HOME": str(workdir / "home"), "PYTHONUNBUFFERED": "1",
+                          "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))},
         stdout=(workdir / "worker.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
 
@@ -136,24 +141,23 @@ def pool_processes(worker_pid: int) -> set[int]:
     return {int(pid) for pid in children}
 
 
-def step_executions(instance: dg.DagsterInstance) -> list[tuple[str, str, str, int, set[int]]]:
-    """Per step of every run: (run id, step, worker named by the worker's own event, run pid, step pids)."""
+def step_executions(instance: dg.DagsterInstance) -> list[tuple[str, str, bool, int, set[int]]]:
+    """Per step of every run: (run id, step, launched by the CLI?, run pid, pids of the step's events)."""
     executions = []
     for record in instance.get_run_records():
-        run_pid, workers, pids = None, {}, {}
-        for entry in instance.all_logs(record.dagster_run.run_id):
+        run = record.dagster_run
+        run_pid, pids = None, {}
+        for entry in instance.all_logs(run.run_id):
             event = entry.dagster_event
             if event is None:
                 continue
             if event.event_type == dg.DagsterEventType.RUN_START:
                 run_pid = event.pid
-            elif event.event_type == dg.DagsterEventType.ENGINE_EVENT and WORKER_MESSAGE in (event.message or ""):
-                workers[entry.step_key] = event.event_specific_data.metadata["Celery worker"].value
             elif event.event_type in STEP_EVENTS:
                 pids.setdefault(entry.step_key, set()).add(event.pid)
-        assert run_pid is not None and pids, f"run {record.dagster_run.run_id} did not start or executed no step"
-        for step, step_pids in pids.items():
-            executions.append((record.dagster_run.run_id, step, workers.get(step, "none"), run_pid, step_pids))
+        assert run_pid is not None and pids, f"run {run.run_id} did not start or executed no step"
+        by_cli = LAUNCHED_BY_TAG.items() <= run.tags.items()
+        executions.extend((run.run_id, step, by_cli, run_pid, step_pids) for step, step_pids in pids.items())
     return executions
 
 
@@ -218,10 +222,15 @@ def test_two_celery_workers_run_every_step_and_write_the_bytes_of_an_in_process_
             executions = step_executions(instance)
             assert len(instance.get_run_records()) == 25  # the graph's 24 and the one launched like the daemon does
         assert len(executions) >= 25
-        for run_id, step, worker, run_pid, step_pids in executions:
-            assert worker in pools, f"run {run_id}: step {step} was not executed by a worker ({worker})"
-            assert run_pid not in step_pids and step_pids <= pools[worker], (run_id, step, run_pid, step_pids, pools)
-        assert {worker for _, _, worker, _, _ in executions} == set(pools)  # both workers took steps
+        used = set()
+        for run_id, step, by_cli, run_pid, step_pids in executions:
+            worker = next((name for name, pids in pools.items() if step_pids <= pids), None)
+            assert worker is not None, f"run {run_id}: step {step} was not executed by a worker ({step_pids}, {pools})"
+            used.add(worker)
+            # A CLI run is one task: a worker's pool process executes it whole. The daemon-style run
+            # is orchestrated where it was launched and only its steps go to the workers.
+            assert (run_pid in pools[worker]) == by_cli, (run_id, step, by_cli, run_pid, step_pids, pools)
+        assert used == set(pools)  # both workers took runs
     finally:
         for worker in workers:
             _stop(worker)

@@ -1,4 +1,5 @@
-"""`vlm-assets worker --config FILE`: a Celery worker that executes the steps of celery runs."""
+"""`vlm-assets worker --config FILE`: a Celery worker for the runs of `vlm-assets run --executor celery`
+and the steps of the runs that the daemon or the UI launch with $VLM_ASSETS_CELERY_BROKER set."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from vlm_assets.config import CONFIG_ENV_VAR, load_config
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 
 WORKER_ARGS = (
-    # One step per free process: the rest stay in the queue for the other workers.
+    # One task (a run or a step) per free process: the rest stay in the queue for the other workers.
     "--prefetch-multiplier=1",
     "--loglevel=INFO",
 )
@@ -18,16 +19,16 @@ WORKER_ARGS = (
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     worker = subparsers.add_parser(
-        "worker", help="execute the steps of celery runs (Celery worker; needs $VLM_ASSETS_CELERY_BROKER)")
+        "worker", help="execute celery runs and steps (Celery worker; needs $VLM_ASSETS_CELERY_BROKER)")
     worker.add_argument("--config", default=os.environ.get(CONFIG_ENV_VAR),
                         help=f"config YAML, the same file the runs use (default ${CONFIG_ENV_VAR})")
     worker.add_argument("--concurrency", type=int, default=0,
-                        help="steps at a time, each in its own process (default: the number of cores)")
+                        help="runs or steps at a time, each in its own process (default: the number of cores)")
     worker.set_defaults(func=start_worker)
 
 
 def start_worker(args: argparse.Namespace) -> int:
-    from vlm_assets.scale_out.executor import require_broker
+    from vlm_assets.scale_out.executor import register_run_task, require_broker
 
     app = load_config(args.config)
     broker = require_broker()
@@ -55,6 +56,8 @@ def start_worker(args: argparse.Namespace) -> int:
     from dagster_celery.app import app as celery_app
 
     celery_app.conf.update(broker_url=broker, result_backend=broker)
+    # Next to dagster-celery's step task (runs the daemon launches): whole runs of `vlm-assets run`.
+    register_run_task(celery_app)
     worker_process_init.connect(_allow_child_processes, weak=False)
     celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--hostname=vlm-assets-{os.getpid()}@%h",
                             *WORKER_ARGS])

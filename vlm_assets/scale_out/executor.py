@@ -1,27 +1,35 @@
-"""The Celery executor: runs whose steps go to `vlm-assets worker` processes through the broker.
+"""Celery: runs that `vlm-assets worker` processes execute, through the broker.
 
 $VLM_ASSETS_CELERY_BROKER (e.g. redis://127.0.0.1:6379/0) names the broker; it is also the result
-backend, so a worker needs nothing else to answer the run that sent it a step. A worker rebuilds
-the job it is sent from a pointer: the code location (`vlm_assets.definitions`, for runs the daemon
-or the UI launch) or `celery_asset_job` (for `vlm-assets run --executor celery`).
+backend, so a worker needs nothing else to answer the process that sent it work. Two kinds of work:
+
+- a whole run of `vlm-assets run --executor celery` (`execute_on_workers`): one task, executed by
+  one worker's pool process with the in-process executor;
+- a step of a run that the daemon or the UI launch (`code_location_executor`): dagster-celery's
+  executor sends each step as a task, and the worker rebuilds the job from the code location.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
-import re
 import warnings
-from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from vlm_assets.runner import TaskOutcome
+
 CELERY_BROKER_ENV = "VLM_ASSETS_CELERY_BROKER"
-PARTITION_TAG = "dagster/partition"
 PING_TIMEOUT_S = 2.0
-# A step that no worker finished, in the error dagster-celery fails the run with.
-WORKER_ERROR = re.compile(r"^\[(?P<step>[^\]]+)\]: (?:[\w.]*\.)?(?P<cls>\w+): (?P<error>.+)$", re.MULTILINE)
+RUN_TASK = "vlm_assets.execute_run"
+# The queue dagster-celery's workers consume (dagster_celery.make_app); `vlm-assets worker` serves only it.
+WORKER_QUEUE = "dagster"
 START_WORKERS_HINT = "start workers with `vlm-assets worker --config FILE` (README \"Scaling out\")"
 
 
@@ -71,46 +79,48 @@ def answering_workers(broker: str) -> list[str]:
     return sorted(name for reply in replies for name in reply)
 
 
-def celery_asset_job(config_path: str, asset: str, config_sha256: str) -> dg.JobDefinition:
-    """`asset` with its checks, as a job of the code location built from `config_path`.
-
-    A worker rebuilds it from these arguments to execute a step; `config_sha256` makes sure it reads
-    the file the run was started with (not an edited one, nor another file at that path on its
-    machine), and keys Dagster's per-process cache of the rebuilt job. Dagster refuses to rebuild
-    the implicit asset job outside its code location, hence one named job per asset.
-    """
-    from vlm_assets.config import ConfigError
-    from vlm_assets.definitions import build_definitions
-
-    if file_sha256(config_path) != config_sha256:
-        raise ConfigError(f"{config_path}: not the file the run was started with (edited since, or a different "
-                          "file at this path on this machine); restart the run")
-    job = dg.define_asset_job(f"{asset}_job", selection=dg.AssetSelection.assets(asset))
-    return dg.Definitions.merge(build_definitions(config_path), dg.Definitions(jobs=[job])).resolve_job_def(job.name)
-
-
 def file_sha256(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def execute_on_workers(config_path: str, asset: str, partition: str | None, instance: dg.DagsterInstance,
-                       run_config: Mapping[str, object], tags: Mapping[str, str]) -> dg.JobExecutionResult:
-    """One run of `asset` (that partition) with its checks, orchestrated here, each step on a worker."""
-    # Without a broker the code location's executor is the in-process one: the steps would quietly run here.
-    require_broker()
-    job = dg.build_reconstructable_job(__name__, celery_asset_job.__name__,
-                                       reconstructable_args=(config_path, asset, file_sha256(config_path)))
-    return dg.execute_job(job, instance=instance, run_config=run_config,
-                          tags={**tags, **({PARTITION_TAG: partition} if partition else {})})
+def execute_on_workers(config_path: str, asset: str, partition: str | None, log_dir: str) -> TaskOutcome:
+    """One run of `asset` (that partition) with its checks, executed whole by one worker.
+
+    One task per run rather than dagster-celery's one per step: its executor looks for finished
+    steps once a second and that period is not configurable, so a run of an asset and its checks
+    took about 2.7 s more than in-process; a task's result arrives as soon as it is stored.
+    """
+    from celery import Celery
+
+    from vlm_assets.runner import TaskOutcome
+
+    broker = require_broker()
+    with Celery("vlm-assets", broker=broker, backend=broker, set_as_current=False) as app:
+        result = app.send_task(RUN_TASK, args=(config_path, file_sha256(config_path), asset, partition, log_dir),
+                               queue=WORKER_QUEUE)
+        try:
+            fields = result.get()
+        except Exception as error:  # the worker could not run it: its pool process died, a config error, ...
+            return TaskOutcome(asset, partition, failure=f"{error} ({type(error).__name__} on a Celery worker)")
+    fields["checks"] = [tuple(check) for check in fields["checks"]]
+    return TaskOutcome(**fields)
 
 
-def worker_failure(events: Sequence[dg.DagsterEvent]) -> str:
-    """One line for a step that no worker finished (its process died, or it could not rebuild the job)."""
-    for event in events:
-        if event.event_type_value != "PIPELINE_FAILURE":
-            continue
-        error = getattr(event.event_specific_data, "error", None)
-        found = WORKER_ERROR.search(error.message) if error is not None else None
-        if found:
-            return f"{found['error']} ({found['cls']}; step {found['step']} on a Celery worker)"
-    return ""
+def execute_run(config_path: str, config_sha256: str, asset: str, partition: str | None,
+                log_dir: str) -> dict[str, object]:
+    """A worker's side of `execute_on_workers`: the run, in this pool process, summarised as JSON fields.
+
+    `config_sha256` makes sure the worker reads the file the run was started with, not an edited
+    one nor another file at that path on its machine.
+    """
+    from vlm_assets.config import ConfigError
+    from vlm_assets.runner import execute_task
+
+    if file_sha256(config_path) != config_sha256:
+        raise ConfigError(f"{config_path}: not the file the run was started with (edited since, or a different "
+                          "file at this path on this machine); restart the run")
+    return dataclasses.asdict(execute_task(config_path, asset, partition, log_dir))
+
+
+def register_run_task(app: Celery) -> None:
+    app.task(name=RUN_TASK)(execute_run)
