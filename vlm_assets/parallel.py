@@ -13,7 +13,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 STEP_PROCESSES_ENV_VAR = "VLM_ASSETS_STEP_PROCESSES"
 CHUNKS_IN_FLIGHT_PER_PROCESS = 2
@@ -51,8 +51,8 @@ def ordered_map(
     """`function` over `chunks`, results in input order, on `processes` processes: this one and spawned ones.
 
     `initializer(*initargs)` prepares each process (for example loads a model once), this one too:
-    it does its share of the chunks, so one process fewer is started and what it set up (a model
-    a check needs next) stays at hand. With one process everything runs here, without a pool.
+    it works on chunks as well, so one process fewer is started and what it set up (a model a check
+    needs next) stays at hand. With one process everything runs here, without a pool.
     """
     initializer(*initargs)
     if processes <= 1:
@@ -60,21 +60,50 @@ def ordered_map(
         return
     # spawn, not fork: the caller may hold threads (Dagster's, a decoder's) that fork would copy mid-state.
     context = multiprocessing.get_context("spawn")
-    helpers = processes - 1
-    with ProcessPoolExecutor(max_workers=helpers, mp_context=context, initializer=initializer, initargs=initargs) as pool:
-        # Every `processes`-th chunk is done here, when its turn to be yielded comes; the pool works ahead meanwhile.
-        pending: deque[Future[Result] | tuple[Item]] = deque()
+    with ProcessPoolExecutor(max_workers=processes - 1, mp_context=context, initializer=initializer,
+                             initargs=initargs) as pool:
+        slots: deque[_Slot[Item, Result]] = deque()
+        source = iter(chunks)
         try:
-            for number, chunk in enumerate(chunks):
-                pending.append((chunk,) if number % processes == 0 else pool.submit(function, chunk))
-                if len(pending) >= processes * CHUNKS_IN_FLIGHT_PER_PROCESS:
-                    yield _result(pending.popleft(), function)
-            while pending:
-                yield _result(pending.popleft(), function)
+            while True:
+                while len(slots) < processes * CHUNKS_IN_FLIGHT_PER_PROCESS and (chunk := next(source, _END)) is not _END:
+                    slots.append(_Slot(chunk, pool.submit(function, chunk)))
+                if not slots:
+                    return
+                head = slots[0]
+                if not head.ready():
+                    # Rather than wait for the pool, take over the first chunk it has not started
+                    # (chunks differ in cost: a fixed share here would leave one side idle).
+                    idle = next((slot for slot in slots if slot.take_back()), None)
+                    if idle is not None:
+                        idle.run_here(function)
+                        continue
+                yield slots.popleft().result()
         finally:
             # A failed chunk (or a consumer that stops early) ends the step: queued chunks are dropped.
             pool.shutdown(cancel_futures=True)
 
 
-def _result(entry: Future[Result] | tuple[Item], function: Callable[[Item], Result]) -> Result:
-    return entry.result() if isinstance(entry, Future) else function(entry[0])
+_END: Any = object()
+
+
+class _Slot(Generic[Item, Result]):
+    """One chunk, worked on by the pool (`future`) or here (`value`)."""
+
+    def __init__(self, chunk: Item, future: Future[Result]) -> None:
+        self.chunk = chunk
+        self.future: Future[Result] | None = future
+        self.value: Result | None = None
+
+    def ready(self) -> bool:
+        return self.future is None or self.future.done()
+
+    def take_back(self) -> bool:
+        """True if the pool had not started this chunk (it now never will)."""
+        return self.future is not None and self.future.cancel()
+
+    def run_here(self, function: Callable[[Item], Result]) -> None:
+        self.value, self.future = function(self.chunk), None
+
+    def result(self) -> Result:
+        return self.future.result() if self.future is not None else self.value  # type: ignore[return-value]

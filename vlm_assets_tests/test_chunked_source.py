@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -19,7 +21,7 @@ from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.packing.records import RECORD_COLUMNS, samples_by_id
-from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, step_processes
+from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, ordered_map, step_processes
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
 from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, sample_ok_rows, write_length_table
@@ -195,7 +197,7 @@ def test_video_records_make_small_chunks_and_two_processes_give_the_same_catalog
 
     # Records the same with one process: chunk boundaries follow the records' work, not the processes.
     chunk_sizes = [len(chunk) for chunk in iter_catalog_chunks(source, "messages", MediaValidator(8))]
-    assert chunk_sizes == [3, 3, 4]  # three videos, three videos, one video and the three text records
+    assert chunk_sizes == [1, 1, 1, 1, 1, 1, 4]  # a video each, then the last video with the three text records
 
     config = FrameCacheConfig(num_frames=8, frame_size=64, rows=2, cols=4)
     tables, spools = [], []
@@ -208,3 +210,21 @@ def test_video_records_make_small_chunks_and_two_processes_give_the_same_catalog
         spools.append(sorted((path.name, path.read_bytes()) for path in spool.rglob("*") if path.is_file()))
     assert tables[0] == tables[1]
     assert spools[0] == spools[1] and len(spools[0]) >= 7
+
+
+def _cost_and_process(seconds: float) -> tuple[float, int]:
+    time.sleep(seconds)
+    return seconds, os.getpid()
+
+
+def _nothing_to_set_up() -> None:
+    pass
+
+
+def test_ordered_map_keeps_input_order_while_this_process_takes_chunks_the_pool_has_not_started():
+    costs = [0.4, 0.0, 0.0, 0.0, 0.3, 0.0, 0.0, 0.2, 0.0]
+    results = list(ordered_map(_cost_and_process, costs, 2, _nothing_to_set_up))
+    assert [cost for cost, _pid in results] == costs
+    # The pool's process starts (a second or so) while this one already works through later chunks.
+    workers = {pid for _cost, pid in results}
+    assert os.getpid() in workers and len(workers) == 2

@@ -157,9 +157,9 @@ _RECORD_ERRORS = (SampleError, OSError, ValueError, RecursionError)
 
 # A chunk's work: at most this many records, and fewer when they hold videos.
 CATALOG_CHUNK_WORK = 256
-# Checking a video decodes (and renders) its sampled frames: about the work of this many image checks.
-# Chunks are cut by this work, so a video source splits into many small chunks, not one big one.
-VIDEO_CHECK_WORK = 64
+# Checking a video decodes it (and renders its sampled frames): seconds, the work of hundreds of
+# image checks. So a chunk holds one video, and a video source spreads evenly over the processes.
+VIDEO_CHECK_WORK = CATALOG_CHUNK_WORK // 2
 
 
 def _with_duplicates_marked(records: Iterable[RawRecord]) -> Iterator[RawRecord]:
