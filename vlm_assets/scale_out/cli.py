@@ -69,3 +69,8 @@ def _allow_child_processes(**_: object) -> None:
     # children, but steps do (Energon's prepare in energon_dataset). The pool process is not
     # started yet from its own point of view, so the public setter accepts the change.
     multiprocessing.current_process().daemon = False
+    # Billiard's pool process stands in as multiprocessing's current process, with billiard's own
+    # authkey type, which refuses to be pickled into the spawn data of a chunked step's processes.
+    # multiprocessing's own setter stores the same key as multiprocessing's type.
+    process = multiprocessing.current_process()
+    multiprocessing.process.BaseProcess.authkey.fset(process, bytes(process.authkey))
