@@ -27,7 +27,9 @@ import yaml
 
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig
-from vlm_assets.defs.resources import ALIVE_TAG, CHUNKED_TAG, FINGERPRINT_KEY, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.defs.resources import (
+    ALIVE_TAG, CHUNKED_TAG, FINGERPRINT_KEY, FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig,
+)
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.packing.wds import list_shards
@@ -104,6 +106,20 @@ def open_instance(home: Path) -> dg.DagsterInstance:
     """The instance in `home`; the first process to open a new one creates its tables alone."""
     with file_lock(home, "instance-init"):
         return dg.DagsterInstance.get()
+
+
+def create_pool_limits(instance: dg.DagsterInstance, storage_root: Path) -> None:
+    """Give each of our pools its default limit before any run claims a slot in it.
+
+    Dagster creates a pool's limit on first use. On PostgreSQL two runs doing that at the same
+    moment make one of them fail (its insert conflicts, and the update that follows runs in the
+    aborted transaction), so it is done here, once, before runs start side by side.
+    """
+    with file_lock(storage_root, "dagster-pools"):
+        existing = {pool.name for pool in instance.event_log_storage.get_pool_limits()}
+        for pool in (FRAME_CACHE_POOL, HEAVY_POOL):
+            if pool not in existing:
+                instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
 
 
 def register_sources(instance: dg.DagsterInstance, app: AppConfig) -> None:
@@ -463,6 +479,7 @@ def run_graph(
         echo(f"run {run_id}: its process is gone (killed?); marked failed and its pool slots freed")
     remove_dead_tokens(app.storage_root)
     register_sources(instance, app)
+    create_pool_limits(instance, app.storage_root)
     scheduler = _Scheduler(defs, app, instance, selected, shape, force, echo)
     log_dir = log_dir or Path(os.environ.get("DAGSTER_HOME", ".")) / "logs"
     in_flight: dict[concurrent.futures.Future, tuple[str, str | None]] = {}

@@ -74,6 +74,8 @@ SOURCES_PARTITIONS = dg.DynamicPartitionsDefinition(name="sources")
 # Steps that saturate a core or the disk (token counting, shard and package writing) share this pool
 # (dagster.yaml gives each pool its slots), so parallel runs cannot oversubscribe the machine.
 HEAVY_POOL = "heavy"
+# Frame-cache shard steps (video decoding), one shard per slot.
+FRAME_CACHE_POOL = "frame_cache"
 FRAME_CACHE_SHARD_PARTITIONS = dg.DynamicPartitionsDefinition(name="frame_cache_shards")
 
 

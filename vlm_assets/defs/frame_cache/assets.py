@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
-from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig, versioned
+from vlm_assets.defs.resources import FRAME_CACHE_POOL, FRAME_CACHE_SHARD_PARTITIONS, VlmConfig, versioned
 from vlm_assets.frames.index import write_index
 from vlm_assets.frames.plan import (
     PlannedVideo,
@@ -24,7 +24,6 @@ from vlm_assets.frames.shard import ensure_shard, tar_path
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.wording import plural
 
-FRAME_CACHE_POOL = "frame_cache"
 LOG_EVERY = 25
 
 
