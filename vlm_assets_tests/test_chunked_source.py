@@ -22,6 +22,7 @@ from vlm_assets.catalog.table import write_catalog
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.packing.records import RECORD_COLUMNS, samples_by_id
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, ordered_map, step_processes
+from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
 from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, sample_ok_rows, write_length_table
@@ -228,3 +229,13 @@ def test_ordered_map_keeps_input_order_while_this_process_takes_chunks_the_pool_
     # The pool's process starts (a second or so) while this one already works through later chunks.
     workers = {pid for _cost, pid in results}
     assert os.getpid() in workers and len(workers) == 2
+
+
+def test_rows_with_ids_reads_just_those_rows_in_table_order(catalog):
+    frame = pd.read_parquet(catalog)
+    wanted = random.Random(1).sample(frame.sample_id.tolist(), 7) + ["no-such-id"]
+    rows = rows_with_ids(catalog, wanted, ["messages", "media_refs"])
+    expected = frame[frame.sample_id.isin(wanted)]
+    assert [row["sample_id"] for row in rows] == expected.sample_id.tolist()
+    assert [row["messages"] for row in rows] == expected.messages.tolist()
+    assert [row["media_refs"] for row in rows] == [list(refs) for refs in expected.media_refs]

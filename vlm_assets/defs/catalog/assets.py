@@ -15,6 +15,7 @@ from vlm_assets.defs.resources import CHUNKED_TAG, HEAVY_POOL, SOURCES_PARTITION
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.parallel import step_processes
+from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.table import sample_ok_rows, write_length_table
 from vlm_assets.wording import plural
@@ -134,7 +135,8 @@ def lengths_match_processor(
     mismatches = []
     if chosen:
         # Only the chosen rows of the catalogue are read: a big source's conversations stay on disk.
-        rows = pd.read_parquet(vlm_config.layout.catalog(source), filters=[("sample_id", "in", chosen)])
+        rows = pd.DataFrame(rows_with_ids(vlm_config.layout.catalog(source), chosen,
+                                          ["messages", "media_kinds", "media_refs"]))
         for sample in _samples_for_length(rows.set_index("sample_id", drop=False).loc[chosen]):
             exact = counter.exact(sample)
             expected = stored[sample.sample_id]
