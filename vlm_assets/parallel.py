@@ -16,7 +16,10 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Generic, TypeVar
 
 STEP_PROCESSES_ENV_VAR = "VLM_ASSETS_STEP_PROCESSES"
-CHUNKS_IN_FLIGHT_PER_PROCESS = 2
+# Chunks done or underway, per process, whose results wait for earlier ones: bounds memory.
+CHUNKS_IN_FLIGHT_PER_PROCESS = 4
+# Chunks the pool holds per process: one running and one ready to start.
+CHUNKS_QUEUED_PER_POOL_PROCESS = 2
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -54,26 +57,39 @@ def ordered_map(
     it works on chunks as well, so one process fewer is started and what it set up (a model a check
     needs next) stays at hand. With one process everything runs here, without a pool.
     """
-    initializer(*initargs)
     if processes <= 1:
+        initializer(*initargs)
         yield from map(function, chunks)
         return
     # spawn, not fork: the caller may hold threads (Dagster's, a decoder's) that fork would copy mid-state.
     context = multiprocessing.get_context("spawn")
+    window = processes * CHUNKS_IN_FLIGHT_PER_PROCESS
+    # The pool gets only what keeps its processes busy: what it has been given it hands to them
+    # soon after, out of reach, so this process would find nothing left to take over.
+    pool_share = (processes - 1) * CHUNKS_QUEUED_PER_POOL_PROCESS
     with ProcessPoolExecutor(max_workers=processes - 1, mp_context=context, initializer=initializer,
                              initargs=initargs) as pool:
         slots: deque[_Slot[Item, Result]] = deque()
         source = iter(chunks)
+        set_up_here = False
         try:
             while True:
-                while len(slots) < processes * CHUNKS_IN_FLIGHT_PER_PROCESS and (chunk := next(source, _END)) is not _END:
+                while (len(slots) < window and sum(slot.in_pool() for slot in slots) < pool_share
+                       and (chunk := next(source, _END)) is not _END):
                     slots.append(_Slot(chunk, pool.submit(function, chunk)))
+                if not set_up_here:
+                    # Only now: the first submit starts the pool's processes, so their set-up
+                    # (seconds for a model) overlaps this one's instead of following it.
+                    initializer(*initargs)
+                    set_up_here = True
                 if not slots:
                     return
-                head = slots[0]
-                if not head.ready():
-                    # Rather than wait for the pool, take over the first chunk it has not started
-                    # (chunks differ in cost: a fixed share here would leave one side idle).
+                if not slots[0].ready():
+                    # Work here rather than wait: the next chunk, else one the pool has not started.
+                    if len(slots) < window and (chunk := next(source, _END)) is not _END:
+                        slots.append(_Slot(chunk, None))
+                        slots[-1].run_here(function)
+                        continue
                     idle = next((slot for slot in slots if slot.take_back()), None)
                     if idle is not None:
                         idle.run_here(function)
@@ -90,10 +106,14 @@ _END: Any = object()
 class _Slot(Generic[Item, Result]):
     """One chunk, worked on by the pool (`future`) or here (`value`)."""
 
-    def __init__(self, chunk: Item, future: Future[Result]) -> None:
+    def __init__(self, chunk: Item, future: Future[Result] | None) -> None:
         self.chunk = chunk
         self.future: Future[Result] | None = future
         self.value: Result | None = None
+
+    def in_pool(self) -> bool:
+        """True while the pool holds this chunk, queued or running."""
+        return self.future is not None and not self.future.done()
 
     def ready(self) -> bool:
         return self.future is None or self.future.done()
