@@ -48,7 +48,7 @@ def ordered_map(
     function: Callable[[Item], Result],
     chunks: Iterable[Item],
     processes: int,
-    initializer: Callable[..., None],
+    initializer: Callable[..., None] | None = None,
     initargs: tuple[Any, ...] = (),
 ) -> Iterator[Result]:
     """`function` over `chunks`, results in input order, on `processes` processes: this one and spawned ones.
@@ -57,6 +57,8 @@ def ordered_map(
     it works on chunks as well, so one process fewer is started and what it set up (a model a check
     needs next) stays at hand. With one process everything runs here, without a pool.
     """
+    if initializer is None:
+        initializer = _nothing
     if processes <= 1:
         initializer(*initargs)
         yield from map(function, chunks)
@@ -101,6 +103,10 @@ def ordered_map(
 
 
 _END: Any = object()
+
+
+def _nothing() -> None:
+    pass
 
 
 class _Slot(Generic[Item, Result]):

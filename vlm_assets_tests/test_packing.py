@@ -19,12 +19,17 @@ import pytest
 from PIL import Image
 
 from vlm_assets.atomic import write_parquet
+from vlm_assets.catalog.lookup import SampleLookup
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, LENGTH_COLUMNS, media_type_of
 from vlm_assets.defs.packing.assets import energon_dataset, packed_json, packed_wds_shards, packing_bins
 from vlm_assets.defs.packing.checks import energon_loads_every_sample
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.layout import StorageLayout
-from vlm_assets.packing.binpack import best_fit_decreasing, first_fit_decreasing, lower_bound
+from vlm_assets.packing.binpack import (
+    best_fit_decreasing,
+    first_fit_decreasing,
+    lower_bound,
+)
 from vlm_assets.packing.energon import prepare_energon_dataset
 from vlm_assets.packing.energon_loader import load_all_ids
 from vlm_assets.packing.plan import (
@@ -34,8 +39,18 @@ from vlm_assets.packing.plan import (
     CATEGORY_OVER_MAX,
     plan_packing,
 )
-from vlm_assets.packing.records import build_records, read_records, record_id, samples_by_id, write_jsonl
-from vlm_assets.packing.verify import accounting_problems, oversized_bins, shard_problems
+from vlm_assets.packing.records import (
+    build_records,
+    read_records,
+    record_id,
+    samples_by_id,
+    write_jsonl,
+)
+from vlm_assets.packing.verify import (
+    accounting_problems,
+    oversized_bins,
+    shard_problems,
+)
 from vlm_assets.packing.wds import list_shards, write_shards
 
 MAX = 100
@@ -323,6 +338,34 @@ def test_shards_written_by_three_threads_are_the_bytes_one_thread_writes(mix_lay
     assert len(single) > 3 and [shard.keys for shard in several] == [shard.keys for shard in single]
     assert sorted(reported) == sorted(key for shard in single for key in shard.keys)
     assert _digests(three) == _digests(one)
+
+
+def test_shards_prepared_by_two_processes_are_the_bytes_one_process_writes(mix_layout, tmp_path, monkeypatch):
+    import vlm_assets.packing.wds as wds
+
+    jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
+    monkeypatch.setattr(wds, "JSONL_CHUNK_BYTES", 1)  # one record per chunk: both processes get several
+    one, two, serial = tmp_path / "one", tmp_path / "two", tmp_path / "serial"
+    write_shards(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix"))), serial, maxcount=1, maxsize=10**9)
+    reported: list[str] = []
+    with SampleLookup(mix_layout.catalog("mix"), ["media_refs"], near=jsonl) as samples:
+        single = wds.write_shards_from_jsonl(jsonl, samples, one, maxcount=1, maxsize=10**9)
+        several = wds.write_shards_from_jsonl(jsonl, samples, two, maxcount=1, maxsize=10**9,
+                                              on_sample=reported.append, processes=2)
+    assert len(single) > 3 and [shard.keys for shard in several] == [shard.keys for shard in single]
+    assert sorted(reported) == sorted(key for shard in single for key in shard.keys)
+    assert _digests(two) == _digests(one) == _digests(serial)
+    assert shard_problems(list_shards(two), jsonl, processes=2) == []
+
+    # A record whose sample left the catalogue: the error names packed_json's line, from a chunk process too.
+    lines = jsonl.read_bytes().splitlines(keepends=True)
+    record = json.loads(lines[2])
+    record["sample_ids"][0] = "not-in-the-catalogue"
+    jsonl.write_bytes(b"".join(lines[:2] + [json.dumps(record).encode() + b"\n"] + lines[3:]))
+    with SampleLookup(mix_layout.catalog("mix"), ["media_refs"], near=jsonl) as samples:
+        with pytest.raises(KeyError, match=f"{jsonl.name}:3: sample 'not-in-the-catalogue'"):
+            wds.write_shards_from_jsonl(jsonl, samples, two, maxcount=1, maxsize=10**9, processes=2)
+    assert _digests(two) == _digests(one)  # the earlier shards stay whole
 
 
 def test_exception_mid_write_leaves_no_half_shard_and_rerun_recovers(mix_layout, tmp_path):

@@ -4,7 +4,8 @@ Packing groups samples by length, so writing a bin's record needs rows from anyw
 catalogue. Holding the catalogue in memory costs kilobytes per sample (gigabytes for a big
 source); this index is an sqlite file beside the step's output, built in one streaming pass over
 the catalogue and removed when the step is done. It is named as a temporary file of that output,
-so one left by a killed step is cleaned up like any other dead writer's temporary file.
+so one left by a killed step is cleaned up like any other dead writer's temporary file. The step's
+chunk processes read the same file (`SampleLookupReader`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,33 @@ from vlm_assets.parquet_batches import parquet_batches
 INSERT_BATCH_ROWS = 8192
 
 
-class SampleLookup(Mapping[str, dict[str, Any]]):
+class _IndexedRows(Mapping[str, dict[str, Any]]):
+    """`rows[sample_id]` -> {column: value} from an index file's connection `_db`."""
+
+    columns: tuple[str, ...]
+    _db: sqlite3.Connection | None
+    _count: int
+
+    def __getitem__(self, sample_id: str) -> dict[str, Any]:
+        found = self._db.execute("SELECT row FROM samples WHERE id = ?", (sample_id,)).fetchone()
+        if found is None:
+            raise KeyError(sample_id)
+        return dict(zip(self.columns, json.loads(found[0])))
+
+    def __iter__(self):
+        for (sample_id,) in self._db.execute("SELECT id FROM samples"):
+            yield sample_id
+
+    def __len__(self) -> int:
+        return self._count
+
+    def close(self) -> None:
+        if getattr(self, "_db", None) is not None:
+            self._db.close()
+            self._db = None
+
+
+class SampleLookup(_IndexedRows):
     """`lookup[sample_id]` -> {column: value} for `columns` of the catalogue at `catalog`."""
 
     def __init__(self, catalog: Path, columns: Sequence[str], near: Path) -> None:
@@ -52,23 +79,8 @@ class SampleLookup(Mapping[str, dict[str, Any]]):
             self.close()
             raise
 
-    def __getitem__(self, sample_id: str) -> dict[str, Any]:
-        found = self._db.execute("SELECT row FROM samples WHERE id = ?", (sample_id,)).fetchone()
-        if found is None:
-            raise KeyError(sample_id)
-        return dict(zip(self.columns, json.loads(found[0])))
-
-    def __iter__(self):
-        for (sample_id,) in self._db.execute("SELECT id FROM samples"):
-            yield sample_id
-
-    def __len__(self) -> int:
-        return self._count
-
     def close(self) -> None:
-        if getattr(self, "_db", None) is not None:
-            self._db.close()
-            self._db = None
+        super().close()
         self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> SampleLookup:
@@ -76,3 +88,12 @@ class SampleLookup(Mapping[str, dict[str, Any]]):
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+class SampleLookupReader(_IndexedRows):
+    """Read-only access, from another process, to the index of a `SampleLookup` that is still open."""
+
+    def __init__(self, path: Path, columns: Sequence[str]) -> None:
+        self.columns = tuple(columns)
+        self._db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        self._count = self._db.execute("SELECT count(*) FROM samples").fetchone()[0]

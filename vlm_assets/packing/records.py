@@ -20,12 +20,13 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from vlm_assets.catalog.media import media_extension
 from vlm_assets.catalog.schema import media_type_of
+
+if TYPE_CHECKING:  # shard chunk processes start faster without pandas
+    import pandas as pd
 
 IMAGE_ONLY_SAMPLE_TYPES = frozenset({"packed_vqa", "packed_captioning"})
 MEMBER_PREFIX = {"image": "img", "video": "vid"}
@@ -131,17 +132,22 @@ def read_records(jsonl_path: Path, samples: SampleRows) -> Iterator[PackedRecord
     """Packed records from `packed_json`, with each member's media ref looked up in `samples` (media_refs)."""
     with open(jsonl_path, "rb") as handle:
         for line_number, line in enumerate(handle, start=1):
-            record = json.loads(line)
-            sample_refs = []
-            for sample_id in record["sample_ids"]:
-                try:
-                    sample_refs.extend(samples[sample_id]["media_refs"])
-                except KeyError:
-                    raise KeyError(f"{jsonl_path}:{line_number}: sample {sample_id!r} is not in the catalogue") from None
-            members = [member for names in record["media_files"] for member in names]
-            if len(members) != len(sample_refs):
-                raise ValueError(
-                    f"{jsonl_path}:{line_number}: record {record['id']} names {len(members)} media "
-                    f"but its samples have {len(sample_refs)} in the catalogue"
-                )
-            yield PackedRecord(record, tuple(RecordMedia(m, r) for m, r in zip(members, sample_refs)))
+            yield record_of_line(line, samples, jsonl_path, line_number)
+
+
+def record_of_line(line: bytes, samples: SampleRows, jsonl_path: Path, line_number: int) -> PackedRecord:
+    """One `packed_json` line as a record with its media refs; errors name the file and line."""
+    record = json.loads(line)
+    sample_refs = []
+    for sample_id in record["sample_ids"]:
+        try:
+            sample_refs.extend(samples[sample_id]["media_refs"])
+        except KeyError:
+            raise KeyError(f"{jsonl_path}:{line_number}: sample {sample_id!r} is not in the catalogue") from None
+    members = [member for names in record["media_files"] for member in names]
+    if len(members) != len(sample_refs):
+        raise ValueError(
+            f"{jsonl_path}:{line_number}: record {record['id']} names {len(members)} media "
+            f"but its samples have {len(sample_refs)} in the catalogue"
+        )
+    return PackedRecord(record, tuple(RecordMedia(m, r) for m, r in zip(members, sample_refs)))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from vlm_assets.parallel import ordered_map
 from vlm_assets.wording import plural
 
 MAX_LISTED = 5
@@ -51,6 +52,11 @@ def oversized_bins(bins: pd.DataFrame, max_token_len: int) -> list[int]:
     return [int(bin_id) for bin_id in bins.loc[bad, "bin_id"]]
 
 
+def _member_names(shard: Path) -> list[str]:
+    with tarfile.open(shard, "r:") as archive:
+        return archive.getnames()
+
+
 def expected_members(jsonl_path: Path) -> dict[str, set[str]]:
     """For each record id in `packed_json`, the tar member names its sample must have."""
     expected: dict[str, set[str]] = {}
@@ -62,15 +68,16 @@ def expected_members(jsonl_path: Path) -> dict[str, set[str]]:
     return expected
 
 
-def shard_problems(shards: list[Path], jsonl_path: Path) -> list[str]:
-    """The shards hold exactly the records of `packed_json`, each with exactly its members."""
+def shard_problems(shards: list[Path], jsonl_path: Path, processes: int = 1) -> list[str]:
+    """The shards hold exactly the records of `packed_json`, each with exactly its members.
+
+    Python's tarfile reads the shards' member lists, `processes` shards at a time.
+    """
     expected = expected_members(jsonl_path)
     found: dict[str, set[str]] = {}
     home: dict[str, str] = {}
     problems = []
-    for shard in shards:
-        with tarfile.open(shard, "r:") as archive:
-            names = archive.getnames()
+    for shard, names in zip(shards, ordered_map(_member_names, shards, processes)):
         if not names:
             problems.append(f"{shard.name} is empty")
         if names != sorted(names):

@@ -8,6 +8,11 @@ input gives the same bytes. Shards are cut before `maxcount` samples or
 own) and never empty. Each shard is written under a temporary name and renamed
 when complete; afterwards shards and Energon tar indexes left over from earlier
 runs are removed.
+
+For a big source the per-record work (parsing the record, looking its media up,
+sizing them, building tar headers) runs in chunk processes; this process only
+cuts shards and copies bytes, so the shards are the same bytes whatever the
+number of processes.
 """
 
 from __future__ import annotations
@@ -22,14 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlm_assets.atomic import atomic_path, remove_stale_temp_files
+from vlm_assets.catalog.lookup import SampleLookup, SampleLookupReader
 from vlm_assets.catalog.media import is_tar_ref, media_size, read_media_bytes
-from vlm_assets.packing.records import PackedRecord, encode_record
+from vlm_assets.packing.records import PackedRecord, encode_record, record_of_line
+from vlm_assets.parallel import ordered_map
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
 SHARD_PATTERN = re.compile(r"^pretrain-(\d{6})\.tar$")
 ENERGON_INDEX_SUFFIX = ".idx"
 SHARD_MODE = 0o644
+# packed_json bytes per chunk a process prepares: a fraction of a second of work each.
+JSONL_CHUNK_BYTES = 512 * 1024
 
 
 @dataclass(frozen=True)
@@ -78,9 +87,42 @@ def write_shards(
     `on_sample(key)` is called after each sample's bytes are written, from the writing thread
     (progress; it may raise to abort, which leaves no partial shard under a final name).
     """
+    return _write_samples(map(_sample_members, records), directory, maxcount, maxsize, on_sample, threads)
+
+
+def write_shards_from_jsonl(
+    jsonl_path: Path,
+    samples: SampleLookup,
+    directory: Path,
+    maxcount: int,
+    maxsize: int,
+    on_sample: Callable[[str], None] | None = None,
+    processes: int = 1,
+) -> list[ShardInfo]:
+    """`write_shards` of `packed_json`'s records, each record's members prepared by one of `processes` processes.
+
+    `samples` (with a `media_refs` column) stays open meanwhile: the chunk processes read its index file.
+    """
+    try:
+        prepared = ordered_map(_prepare_lines, _line_chunks(jsonl_path), processes, _open_chunk_lookup,
+                               (str(samples.path), samples.columns, str(jsonl_path)))
+        members = (sample for chunk in prepared for sample in chunk)
+        return _write_samples(members, directory, maxcount, maxsize, on_sample, threads=processes)
+    finally:
+        _close_chunk_lookup()
+
+
+def _write_samples(
+    prepared: Iterable[list[_Member]],
+    directory: Path,
+    maxcount: int,
+    maxsize: int,
+    on_sample: Callable[[str], None] | None,
+    threads: int,
+) -> list[ShardInfo]:
     directory.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(directory)
-    planned = _planned_shards(records, directory, maxcount, maxsize)
+    planned = _planned_shards(prepared, directory, maxcount, maxsize)
     if threads <= 1:
         shards = [_write_planned(directory, shard, samples, on_sample) for shard, samples in planned]
     else:
@@ -106,6 +148,45 @@ def write_shards(
     return shards
 
 
+def _line_chunks(jsonl_path: Path) -> Iterator[tuple[int, list[bytes]]]:
+    """(number of the first line, lines) of about JSONL_CHUNK_BYTES each."""
+    with open(jsonl_path, "rb") as handle:
+        first, lines, size = 1, [], 0
+        for number, line in enumerate(handle, start=1):
+            lines.append(line)
+            size += len(line)
+            if size >= JSONL_CHUNK_BYTES:
+                yield first, lines
+                first, lines, size = number + 1, [], 0
+        if lines:
+            yield first, lines
+
+
+# The chunk process's view of the step's sample index, and the packed_json path its errors name.
+_chunk_lookup: tuple[SampleLookupReader, Path] | None = None
+
+
+def _open_chunk_lookup(index_path: str, columns: tuple[str, ...], jsonl_path: str) -> None:
+    global _chunk_lookup
+    _close_chunk_lookup()
+    _chunk_lookup = SampleLookupReader(Path(index_path), columns), Path(jsonl_path)
+
+
+def _close_chunk_lookup() -> None:
+    global _chunk_lookup
+    if _chunk_lookup is not None:
+        _chunk_lookup[0].close()
+        _chunk_lookup = None
+
+
+def _prepare_lines(chunk: tuple[int, list[bytes]]) -> list[list[_Member]]:
+    assert _chunk_lookup is not None, "the chunk process was not set up"
+    samples, jsonl_path = _chunk_lookup
+    first, lines = chunk
+    return [_sample_members(record_of_line(line, samples, jsonl_path, first + offset))
+            for offset, line in enumerate(lines)]
+
+
 def _write_planned(
     directory: Path, shard: ShardInfo, samples: list[list[_Member]], on_sample: Callable[[str], None] | None
 ) -> ShardInfo:
@@ -126,21 +207,20 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 def _planned_shards(
-    records: Iterable[PackedRecord], directory: Path, maxcount: int, maxsize: int
+    prepared: Iterable[list[_Member]], directory: Path, maxcount: int, maxsize: int
 ) -> Iterator[tuple[ShardInfo, list[list[_Member]]]]:
-    """Each shard with its samples' members, as soon as the next record would not fit in it."""
+    """Each shard with its samples' members, as soon as the next sample would not fit in it."""
     shard: ShardInfo | None = None
     samples: list[list[_Member]] = []
     count = 0
-    for packed in records:
-        members = _sample_members(packed)
+    for members in prepared:
         size = sum(member.stored_size for member in members)
         if shard is None or len(samples) >= maxcount or shard.size + size > maxsize:
             if shard is not None:
                 yield shard, samples
             shard, samples = ShardInfo(directory / shard_name(count)), []
             count += 1
-        shard.keys.append(packed.key)
+        shard.keys.append(_key(members))
         shard.size += size
         samples.append(members)
     if shard is not None:
@@ -161,7 +241,7 @@ def _write_shard(path: Path, samples: list[list[_Member]], on_sample: Callable[[
                 _write_all(fd, bytes(_padded(member.size) - member.size))
                 written += member.stored_size
             if on_sample is not None:
-                on_sample(members[0].name.split(".", 1)[0])
+                on_sample(_key(members))
         end = written + 2 * BLOCK
         _write_all(fd, bytes(2 * BLOCK + (-end % RECORD)))
 
@@ -190,6 +270,10 @@ def _copy_media(member: _Member, out_fd: int, shard: Path) -> None:
             if sent == 0:
                 raise OSError(f"{member.ref}: file shrank while writing {shard.name}")
             offset += sent
+
+
+def _key(members: list[_Member]) -> str:
+    return members[0].name.split(".", 1)[0]
 
 
 def _sample_members(packed: PackedRecord) -> list[_Member]:

@@ -30,9 +30,9 @@ from vlm_assets.packing.mix import (
     write_metadataset,
 )
 from vlm_assets.packing.plan import fill_ratio, iter_bins, plan_packing, read_bins
-from vlm_assets.packing.records import RECORD_COLUMNS, build_records, read_records, write_jsonl
+from vlm_assets.packing.records import RECORD_COLUMNS, build_records, write_jsonl
 from vlm_assets.packing.report import fill_summary_md, reject_counts_md
-from vlm_assets.packing.wds import list_shards, write_shards
+from vlm_assets.packing.wds import list_shards, write_shards_from_jsonl
 from vlm_assets.parallel import step_processes
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.wording import plural
@@ -145,12 +145,14 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
                 context.log.info(f"{source}: {plural(written, 'sample')} written (at {key})")
                 last_log = time.monotonic()
 
+    processes = step_processes()
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
         with SampleLookup(layout.catalog(source), ["media_refs"], near=jsonl_path) as samples:
-            shards = write_shards(read_records(jsonl_path, samples), directory, app.wds.maxcount, app.wds.maxsize,
-                                  progress, threads=step_processes())
-        context.log.info(f"{source}: {plural(written, 'sample')} in {plural(len(shards), 'shard')} -> {directory}")
-        members_result = checks.shard_members_result(list_shards(directory), jsonl_path)
+            shards = write_shards_from_jsonl(jsonl_path, samples, directory, app.wds.maxcount, app.wds.maxsize,
+                                             progress, processes)
+        context.log.info(f"{source}: {plural(written, 'sample')} in {plural(len(shards), 'shard')} -> {directory}"
+                         + (f" ({processes} processes)" if processes > 1 else ""))
+        members_result = checks.shard_members_result(list_shards(directory), jsonl_path, processes)
     table = ["| shard | samples | bytes |", "|---|---:|---:|"] + [
         f"| {shard.path.name} | {len(shard.keys)} | {shard.size} |" for shard in shards
     ]
@@ -158,6 +160,7 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         "directory": dg.MetadataValue.path(str(directory)),
         "shards": len(shards),
         "samples": written,
+        "processes": processes,
         "bytes": sum(shard.size for shard in shards),
         "shard_paths": dg.MetadataValue.json([str(shard.path) for shard in shards]),
         "shard_table": dg.MetadataValue.md("\n".join(table)),

@@ -66,8 +66,8 @@ def packing_bins_results(
     )
 
 
-def shard_members_result(shards: list[Path], jsonl_path: Path) -> dg.AssetCheckResult:
-    problems = shard_problems(shards, jsonl_path)
+def shard_members_result(shards: list[Path], jsonl_path: Path, processes: int = 1) -> dg.AssetCheckResult:
+    problems = shard_problems(shards, jsonl_path, processes)
     return dg.AssetCheckResult(
         check_name="tar_members_match_records",
         passed=not problems,
