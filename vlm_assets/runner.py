@@ -254,7 +254,9 @@ def _worker_state(config_path: str) -> tuple[dg.Definitions, dg.DagsterInstance,
         from vlm_assets.definitions import build_definitions
 
         defs = build_definitions(config_path)
-        _worker[config_path] = (sha256, (defs, dg.DagsterInstance.get(), defs.resources["vlm_config"]))
+        # Under the lock: the CLI and its other workers open a new instance at the same moment.
+        instance = open_instance(Path(os.environ["DAGSTER_HOME"]))
+        _worker[config_path] = (sha256, (defs, instance, defs.resources["vlm_config"]))
     return _worker[config_path][1]
 
 
