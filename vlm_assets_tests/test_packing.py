@@ -281,6 +281,26 @@ def test_duplicate_basenames_in_one_bin_get_distinct_members(media):
     assert refs[0] != refs[1] and refs[0].endswith("a/0001.jpg") and refs[1].endswith("b/0001.jpg")
 
 
+def test_packed_json_built_by_two_processes_is_the_bytes_one_process_writes(mix_layout, tmp_path, monkeypatch):
+    import io
+
+    import vlm_assets.packing.records as records
+
+    plan = _plan(mix_layout, "mix", "packed_multi_mix_qa")
+    bins = list(zip(plan.bins.bin_id, plan.bins.sample_ids, plan.bins.lengths))
+    in_memory = io.BytesIO()
+    write_jsonl(_records(mix_layout, "mix", "packed_multi_mix_qa"), in_memory)
+    monkeypatch.setattr(records, "RECORD_CHUNK_SAMPLES", 1)  # one bin per chunk: both processes get several
+    written = {}
+    with SampleLookup(mix_layout.catalog("mix"), records.RECORD_COLUMNS, near=tmp_path / "packed.jsonl") as samples:
+        for processes in (1, 2):
+            handle = io.BytesIO()
+            count = records.write_packed_jsonl("mix", bins, samples, "packed_multi_mix_qa", handle, processes)
+            assert count == len(bins) > 2
+            written[processes] = handle.getvalue()
+    assert written[1] == written[2] == in_memory.getvalue()
+
+
 # ---------------------------------------------------------------- WebDataset shards
 
 

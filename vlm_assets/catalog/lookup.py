@@ -97,3 +97,27 @@ class SampleLookupReader(_IndexedRows):
         self.columns = tuple(columns)
         self._db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         self._count = self._db.execute("SELECT count(*) FROM samples").fetchone()[0]
+
+
+# A chunk process's reader of its step's index (`attach`, the chunk pool's initializer).
+_attached: SampleLookupReader | None = None
+
+
+def attach(index_path: str, columns: Sequence[str]) -> None:
+    """Make `attached()` read the index at `index_path` in this process, in place of any earlier one."""
+    global _attached
+    detach()
+    _attached = SampleLookupReader(Path(index_path), columns)
+
+
+def attached() -> SampleLookupReader:
+    if _attached is None:
+        raise RuntimeError("no sample index is attached in this process (attach() is the chunk pool's initializer)")
+    return _attached
+
+
+def detach() -> None:
+    global _attached
+    if _attached is not None:
+        _attached.close()
+        _attached = None

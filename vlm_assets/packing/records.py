@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vlm_assets.catalog import lookup
 from vlm_assets.catalog.media import media_extension
 from vlm_assets.catalog.schema import media_type_of
+from vlm_assets.parallel import ordered_map
 
 if TYPE_CHECKING:  # shard chunk processes start faster without pandas
     import pandas as pd
@@ -31,6 +33,9 @@ if TYPE_CHECKING:  # shard chunk processes start faster without pandas
 IMAGE_ONLY_SAMPLE_TYPES = frozenset({"packed_vqa", "packed_captioning"})
 MEMBER_PREFIX = {"image": "img", "video": "vid"}
 _PLACEHOLDER = re.compile(r"<image>|<video>")
+PackedBin = tuple[int, Sequence[str], Sequence[int]]  # (bin_id, sample_ids, lengths)
+# Samples per chunk of bins a process turns into records: a fraction of a second of work each.
+RECORD_CHUNK_SAMPLES = 4096
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ def samples_by_id(catalog: pd.DataFrame) -> dict[str, dict[str, Any]]:
 
 
 def build_records(
-    source: str, bins: Iterable[tuple[int, Sequence[str], Sequence[int]]], samples: SampleRows, sample_type: str
+    source: str, bins: Iterable[PackedBin], samples: SampleRows, sample_type: str
 ) -> Iterator[PackedRecord]:
     """One packed record per bin `(bin_id, sample_ids, lengths)`, in bin order."""
     for bin_id, sample_ids, lengths in bins:
@@ -126,6 +131,50 @@ def write_jsonl(records: Iterable[PackedRecord], handle) -> int:
         handle.write(encode_record(packed.record) + b"\n")
         count += 1
     return count
+
+
+def write_packed_jsonl(
+    source: str,
+    bins: Iterable[PackedBin],
+    samples: lookup.SampleLookup,
+    sample_type: str,
+    handle,
+    processes: int = 1,
+) -> int:
+    """`write_jsonl(build_records(...))`, the records built by `processes` processes: the same bytes.
+
+    `samples` (with the RECORD_COLUMNS) stays open meanwhile: the chunk processes read its index file.
+    """
+    chunks = ((source, sample_type, chunk) for chunk in _bin_chunks(bins))
+    count = 0
+    try:
+        for records, data in ordered_map(_encode_chunk, chunks, processes, lookup.attach,
+                                         (str(samples.path), samples.columns)):
+            handle.write(data)
+            count += records
+    finally:
+        lookup.detach()
+    return count
+
+
+def _bin_chunks(bins: Iterable[PackedBin]) -> Iterator[list[PackedBin]]:
+    chunk: list[PackedBin] = []
+    samples = 0
+    for packed_bin in bins:
+        chunk.append(packed_bin)
+        samples += len(packed_bin[1])
+        if samples >= RECORD_CHUNK_SAMPLES:
+            yield chunk
+            chunk, samples = [], 0
+    if chunk:
+        yield chunk
+
+
+def _encode_chunk(chunk: tuple[str, str, list[PackedBin]]) -> tuple[int, bytes]:
+    source, sample_type, bins = chunk
+    records = [encode_record(packed.record) + b"\n"
+               for packed in build_records(source, bins, lookup.attached(), sample_type)]
+    return len(records), b"".join(records)
 
 
 def read_records(jsonl_path: Path, samples: SampleRows) -> Iterator[PackedRecord]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlm_assets.atomic import atomic_path, remove_stale_temp_files
-from vlm_assets.catalog.lookup import SampleLookup, SampleLookupReader
+from vlm_assets.catalog import lookup
 from vlm_assets.catalog.media import is_tar_ref, media_size, read_media_bytes
 from vlm_assets.packing.records import PackedRecord, encode_record, record_of_line
 from vlm_assets.parallel import ordered_map
@@ -92,7 +92,7 @@ def write_shards(
 
 def write_shards_from_jsonl(
     jsonl_path: Path,
-    samples: SampleLookup,
+    samples: lookup.SampleLookup,
     directory: Path,
     maxcount: int,
     maxsize: int,
@@ -104,12 +104,12 @@ def write_shards_from_jsonl(
     `samples` (with a `media_refs` column) stays open meanwhile: the chunk processes read its index file.
     """
     try:
-        prepared = ordered_map(_prepare_lines, _line_chunks(jsonl_path), processes, _open_chunk_lookup,
-                               (str(samples.path), samples.columns, str(jsonl_path)))
+        prepared = ordered_map(_prepare_lines, _line_chunks(jsonl_path), processes, lookup.attach,
+                               (str(samples.path), samples.columns))
         members = (sample for chunk in prepared for sample in chunk)
         return _write_samples(members, directory, maxcount, maxsize, on_sample, threads=processes)
     finally:
-        _close_chunk_lookup()
+        lookup.detach()
 
 
 def _write_samples(
@@ -148,41 +148,23 @@ def _write_samples(
     return shards
 
 
-def _line_chunks(jsonl_path: Path) -> Iterator[tuple[int, list[bytes]]]:
-    """(number of the first line, lines) of about JSONL_CHUNK_BYTES each."""
+def _line_chunks(jsonl_path: Path) -> Iterator[tuple[Path, int, list[bytes]]]:
+    """(the file, number of the first line, lines) of about JSONL_CHUNK_BYTES each."""
     with open(jsonl_path, "rb") as handle:
         first, lines, size = 1, [], 0
         for number, line in enumerate(handle, start=1):
             lines.append(line)
             size += len(line)
             if size >= JSONL_CHUNK_BYTES:
-                yield first, lines
+                yield jsonl_path, first, lines
                 first, lines, size = number + 1, [], 0
         if lines:
-            yield first, lines
+            yield jsonl_path, first, lines
 
 
-# The chunk process's view of the step's sample index, and the packed_json path its errors name.
-_chunk_lookup: tuple[SampleLookupReader, Path] | None = None
-
-
-def _open_chunk_lookup(index_path: str, columns: tuple[str, ...], jsonl_path: str) -> None:
-    global _chunk_lookup
-    _close_chunk_lookup()
-    _chunk_lookup = SampleLookupReader(Path(index_path), columns), Path(jsonl_path)
-
-
-def _close_chunk_lookup() -> None:
-    global _chunk_lookup
-    if _chunk_lookup is not None:
-        _chunk_lookup[0].close()
-        _chunk_lookup = None
-
-
-def _prepare_lines(chunk: tuple[int, list[bytes]]) -> list[list[_Member]]:
-    assert _chunk_lookup is not None, "the chunk process was not set up"
-    samples, jsonl_path = _chunk_lookup
-    first, lines = chunk
+def _prepare_lines(chunk: tuple[Path, int, list[bytes]]) -> list[list[_Member]]:
+    jsonl_path, first, lines = chunk
+    samples = lookup.attached()
     return [_sample_members(record_of_line(line, samples, jsonl_path, first + offset))
             for offset, line in enumerate(lines)]
 

@@ -30,7 +30,7 @@ from vlm_assets.packing.mix import (
     write_metadataset,
 )
 from vlm_assets.packing.plan import fill_ratio, iter_bins, plan_packing, read_bins
-from vlm_assets.packing.records import RECORD_COLUMNS, build_records, write_jsonl
+from vlm_assets.packing.records import RECORD_COLUMNS, write_packed_jsonl
 from vlm_assets.packing.report import fill_summary_md, reject_counts_md
 from vlm_assets.packing.wds import list_shards, write_shards_from_jsonl
 from vlm_assets.parallel import step_processes
@@ -100,6 +100,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     deps=[packing_bins],
     group_name=GROUP,
     kinds={"json"},
+    tags={CHUNKED_TAG: "true"},
     description="One packed record per bin: full messages, per-sample lengths, texts, media members and keys.",
 )
 def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
@@ -108,13 +109,17 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
     fingerprint = vlm_config.fingerprints.of("packed_json", source)
     path = layout.packed_json(source)
     sample_type = app.sample_type_of(vlm_config.source(source))
+    processes = step_processes()
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
         with SampleLookup(layout.catalog(source), RECORD_COLUMNS, near=path) as samples, atomic_open(path, "wb") as handle:
-            count = write_jsonl(build_records(source, iter_bins(layout.bins(source)), samples, sample_type), handle)
-    context.log.info(f"{source}: {count} packed records -> {path}")
-    return dg.MaterializeResult(**versioned(
-        {"path": dg.MetadataValue.path(str(path)), "records": count, "sample_type": sample_type}, fingerprint
-    ))
+            count = write_packed_jsonl(source, iter_bins(layout.bins(source)), samples, sample_type, handle, processes)
+    context.log.info(f"{source}: {count} packed records -> {path}" + (f" ({processes} processes)" if processes > 1 else ""))
+    return dg.MaterializeResult(**versioned({
+        "path": dg.MetadataValue.path(str(path)),
+        "records": count,
+        "sample_type": sample_type,
+        "processes": processes,
+    }, fingerprint))
 
 
 @dg.asset(
