@@ -29,7 +29,7 @@ def step_processes() -> int:
     """Processes one step may use: `$VLM_ASSETS_STEP_PROCESSES`, else 1.
 
     `vlm-assets run` and `vlm-assets worker` set it from the workers they have. Elsewhere (runs the
-    daemon launches) one process is the safe default: each chunk process loads the model's
+    daemon launches) one process is the safe default: a chunk process may load the model's
     processor (about 1 GB), and many runs may be splitting their work at the same time.
     """
     value = os.environ.get(STEP_PROCESSES_ENV_VAR, "").strip()

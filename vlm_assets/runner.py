@@ -533,7 +533,7 @@ def _process_shares(launch: list[tuple[str, str | None]], chunked: set[str], fre
     """Processes per launched run: workers no run takes now go to the chunked steps among them.
 
     A big source alone then uses every worker, and the processes of all runs together never exceed
-    `--workers` at launch (each chunk process loads the model's processor: about 1 GB). A user's
+    `--workers` at launch (a chunk process may load the model's processor: about 1 GB). A user's
     $VLM_ASSETS_STEP_PROCESSES is left as it is.
     """
     if STEP_PROCESSES_ENV_VAR in os.environ:

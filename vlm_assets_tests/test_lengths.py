@@ -6,7 +6,8 @@ from PIL import Image
 
 from vlm_assets.catalog.build import build_catalog
 from vlm_assets.config import FrameCacheConfig, SourceConfig
-from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, oriented_image_size
+from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, measure_samples, oriented_image_size
+from vlm_assets.tokens.text import SpecText, store_text_spec, stored_text_spec, text_spec_of
 
 SMALL_CLIPS = FrameCacheConfig(num_frames=8, frame_size=112, rows=2, cols=4)
 
@@ -22,6 +23,9 @@ def assert_fast_equals_exact(counter, samples):
     assert [r.sample_id for r in fast] == [s.sample_id for s in samples]
     for f, e in zip(fast, exact):
         assert (f.status, f.token_len, f.image_tokens, f.video_tokens) == (e.status, e.token_len, e.image_tokens, e.video_tokens), f.sample_id
+    # Chunk processes measure with the text spec alone, without the processor: the same lengths.
+    without_processor = SpecText(text_spec_of(counter.processor))
+    assert [counter.complete(measured) for measured in measure_samples(samples, without_processor)] == fast
     return fast
 
 
@@ -117,3 +121,25 @@ def test_png_orientation_stored_after_pixels_is_honoured(tmp_path, processor):
     assert oriented_image_size(str(tmp_path / "late.png")) == (300, 120)
     samples = samples_of(build_catalog(SourceConfig("png", "flat_dir", tmp_path, tmp_path)))
     assert_fast_equals_exact(LengthCounter(processor, SMALL_CLIPS), samples)
+
+
+def test_text_spec_is_kept_per_processor_and_refused_when_the_processor_renders_differently(tmp_path):
+    from vlm_assets.config import ModelConfig
+    from vlm_assets.tokens.processor import load_processor
+
+    model = ModelConfig(processor="embedded")
+    processor = load_processor(model, tmp_path)
+    spec = text_spec_of(processor)
+    assert spec is not None and stored_text_spec(model, tmp_path) is None
+    store_text_spec(model, spec, tmp_path)
+    assert stored_text_spec(model, tmp_path) == spec
+    # Other kwargs make another processor (fingerprint): its spec is its own.
+    assert stored_text_spec(ModelConfig(processor="embedded", processor_kwargs={"max_pixels": 50176}), tmp_path) is None
+
+    text = SpecText(spec)
+    conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]
+    assert text.render(conversation) == processor.apply_chat_template(conversation, tokenize=False)
+    # A processor whose own rendering differs from its template (a subclass's override) keeps its own path.
+    rendering = processor.apply_chat_template
+    processor.apply_chat_template = lambda conversation, tokenize=False: rendering(conversation, tokenize=tokenize) + "\n"
+    assert text_spec_of(processor) is None

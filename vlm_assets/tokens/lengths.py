@@ -6,6 +6,10 @@ Two paths that must agree on every sample:
 - fast: image sizes from file headers (EXIF orientation applied), the video token count of
   one frame-cache-shaped clip (computed once with the real video processor), and batched
   tokenisation of the template rendered with a single pad token per media item.
+
+The fast path runs in two stages: `measure_samples` needs only the text (vlm_assets.tokens.text)
+and the files, so it runs where the processor is not loaded; `LengthCounter.complete` turns image
+sizes and video counts into tokens with the processor's own arithmetic.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from vlm_assets.catalog.media import open_media
 from vlm_assets.catalog.messages import split_on_placeholders
 from vlm_assets.catalog.schema import STATUS_OK, STATUS_REJECTED
 from vlm_assets.config import FrameCacheConfig
+from vlm_assets.tokens.text import ProcessorText, TextCounter
 
 EXIF_ORIENTATION_TAG = 0x0112
 ORIENTATIONS_THAT_SWAP_AXES = frozenset({5, 6, 7, 8})
@@ -50,6 +55,17 @@ class LengthResult:
     @classmethod
     def rejected(cls, sample_id: str, reason: str) -> LengthResult:
         return cls(sample_id, STATUS_REJECTED, reason, 0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class MeasuredSample:
+    """A sample's text tokens and media shapes: what its length needs besides the processor's arithmetic."""
+
+    sample_id: str
+    text_tokens: int
+    image_sizes: tuple[tuple[int, int], ...]  # (height, width) after EXIF orientation
+    videos: int
+    error: str = ""  # why the text or an image could not be measured: the sample's rejection reason
 
 
 def chat_conversation(messages_json: str) -> list[dict[str, Any]]:
@@ -88,10 +104,12 @@ class LengthCounter:
         self.processor = processor
         self.frame_cache = frame_cache
         self.video_loader = video_loader
+        self.text = ProcessorText(processor)
+        self._tokens_by_size: dict[tuple[int, int], int] = {}
 
     # ---- shared -------------------------------------------------------------------------
     def render(self, messages_json: str) -> str:
-        return self.processor.apply_chat_template(chat_conversation(messages_json), tokenize=False)
+        return self.text.render(chat_conversation(messages_json))
 
     def _pad_ids(self) -> tuple[int, int]:
         tokenizer = self.processor.tokenizer
@@ -132,10 +150,14 @@ class LengthCounter:
 
     # ---- fast path ----------------------------------------------------------------------
     def image_tokens(self, ref: str) -> int:
-        height, width = oriented_image_size(ref)
-        image_processor = self.processor.image_processor
-        patches = image_processor.get_number_of_image_patches(height, width, {})
-        return patches // image_processor.merge_size**2
+        return self.image_tokens_for_size(*oriented_image_size(ref))
+
+    def image_tokens_for_size(self, height: int, width: int) -> int:
+        if (height, width) not in self._tokens_by_size:
+            image_processor = self.processor.image_processor
+            patches = image_processor.get_number_of_image_patches(height, width, {})
+            self._tokens_by_size[height, width] = patches // image_processor.merge_size**2
+        return self._tokens_by_size[height, width]
 
     @property
     def video_tokens_per_clip(self) -> int:
@@ -146,35 +168,41 @@ class LengthCounter:
             return [self.exact(sample) for sample in samples]
         results: list[LengthResult] = []
         for start in range(0, len(samples), batch_size):
-            results.extend(self._fast_batch(samples[start:start + batch_size]))
+            results.extend(map(self.complete, measure_samples(samples[start:start + batch_size], self.text)))
         return results
 
-    def _fast_batch(self, samples: Sequence[SampleForLength]) -> list[LengthResult]:
-        prepared: list[tuple[int, str, int, int]] = []  # (index, text, image tokens, video tokens)
-        results: list[LengthResult | None] = [None] * len(samples)
-        for index, sample in enumerate(samples):
-            try:
-                image_total = sum(self.image_tokens(ref) for kind, ref in zip(sample.media_kinds, sample.media_refs) if kind == "image")
-                n_videos = sum(1 for kind in sample.media_kinds if kind == "video")
-                video_total = n_videos * self.video_tokens_per_clip if n_videos else 0
-                prepared.append((index, self.render(sample.messages), image_total, video_total))
-            except Exception as error:  # same failure classes as the exact path
-                results[index] = LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error}")
-        if prepared:
-            encoded = self.processor.tokenizer([text for _i, text, _im, _vid in prepared])["input_ids"]
-            for (index, _text, image_total, video_total), ids in zip(prepared, encoded):
-                n_media = len(samples[index].media_kinds)
-                text_tokens = len(ids) - n_media
-                results[index] = LengthResult(
-                    samples[index].sample_id,
-                    STATUS_OK,
-                    "",
-                    text_tokens + image_total + video_total,
-                    text_tokens,
-                    image_total,
-                    video_total,
-                )
-        return [result for result in results if result is not None]
+    def complete(self, measured: MeasuredSample) -> LengthResult:
+        """The length of a measured sample: its text tokens plus the processor's image and video tokens."""
+        if measured.error:
+            return LengthResult.rejected(measured.sample_id, measured.error)
+        try:
+            image_total = sum(self.image_tokens_for_size(*size) for size in measured.image_sizes)
+            video_total = measured.videos * self.video_tokens_per_clip if measured.videos else 0
+        except Exception as error:  # same failure classes as the exact path
+            return LengthResult.rejected(measured.sample_id, f"{type(error).__name__}: {error}")
+        return LengthResult(
+            measured.sample_id, STATUS_OK, "", measured.text_tokens + image_total + video_total,
+            measured.text_tokens, image_total, video_total,
+        )
+
+
+def measure_samples(samples: Sequence[SampleForLength], text: TextCounter) -> list[MeasuredSample]:
+    """Each sample's text tokens (its template rendered with one pad token per media item) and media shapes."""
+    results: list[MeasuredSample | None] = [None] * len(samples)
+    rendered: list[tuple[int, str, tuple[tuple[int, int], ...], int]] = []  # (index, text, image sizes, videos)
+    for index, sample in enumerate(samples):
+        try:
+            sizes = tuple(oriented_image_size(ref) for kind, ref in zip(sample.media_kinds, sample.media_refs)
+                          if kind == "image")
+            videos = sum(1 for kind in sample.media_kinds if kind == "video")
+            rendered.append((index, text.render(chat_conversation(sample.messages)), sizes, videos))
+        except Exception as error:  # same failure classes as the exact path
+            results[index] = MeasuredSample(sample.sample_id, 0, (), 0, f"{type(error).__name__}: {error}")
+    counts = text.token_counts([prompt for _index, prompt, _sizes, _videos in rendered]) if rendered else []
+    for (index, _text, sizes, videos), count in zip(rendered, counts):
+        # The rendered text holds one pad token per media item; the processor's own counts replace them.
+        results[index] = MeasuredSample(samples[index].sample_id, count - len(samples[index].media_kinds), sizes, videos)
+    return [result for result in results if result is not None]
 
 
 def oriented_image_size(ref: str) -> tuple[int, int]:

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -148,8 +149,18 @@ def processor_dir(model: ModelConfig, cache_dir: Path | None = None) -> Path:
     return Path(model.processor)
 
 
+def import_transformers() -> None:
+    """Import transformers in one thread at a time: two threads importing it at once break its circular imports."""
+    with _importing:
+        import transformers  # noqa: F401
+
+
+_importing = threading.Lock()
+
+
 def load_processor(model: ModelConfig, cache_dir: Path | None = None) -> Any:
     """Load the configured processor (offline) with `processor_kwargs` applied."""
+    import_transformers()
     from transformers import AutoProcessor
 
     directory = processor_dir(model, cache_dir)
@@ -158,7 +169,11 @@ def load_processor(model: ModelConfig, cache_dir: Path | None = None) -> Any:
 
 def shared_processor(model: ModelConfig) -> Any:
     """The processor for `model`, loaded once per process and setting (loading takes seconds)."""
-    return _cached_processor(model.processor, json.dumps(model.processor_kwargs, sort_keys=True))
+    with _loading:  # a second thread waits for the first one's load instead of loading again
+        return _cached_processor(model.processor, json.dumps(model.processor_kwargs, sort_keys=True))
+
+
+_loading = threading.Lock()
 
 
 @lru_cache(maxsize=4)

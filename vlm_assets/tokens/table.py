@@ -4,11 +4,16 @@ The catalogue is read a chunk of rows at a time and the table written a chunk at
 source of any size needs memory for a few chunks only (plus one integer per ok sample for the
 summary). Chunks go to worker processes in order and come back in order: the table has the
 same rows, in the same order, whatever the number of processes.
+
+Chunk processes measure samples (text tokens, image sizes) without the processor once its text
+spec is on disk (vlm_assets.tokens.text), so they count from the first second; this process loads
+the processor meanwhile, in a thread, and turns the measurements into token lengths.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -23,8 +28,16 @@ from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
 from vlm_assets.config import FrameCacheConfig, ModelConfig
 from vlm_assets.parallel import ordered_map
 from vlm_assets.parquet_batches import parquet_batches, parquet_rows
-from vlm_assets.tokens.lengths import LengthCounter, LengthResult, SampleForLength
+from vlm_assets.tokens.lengths import (
+    LengthCounter,
+    LengthResult,
+    MeasuredSample,
+    SampleForLength,
+    measure_samples,
+    supports_fast_path,
+)
 from vlm_assets.tokens.processor import shared_processor
+from vlm_assets.tokens.text import SpecText, TextCounter, store_text_spec, stored_text_spec, text_spec_of
 
 LENGTH_CHUNK_ROWS = 2048
 CATALOG_COLUMNS_READ = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs"]
@@ -35,7 +48,10 @@ LENGTH_SCHEMA = pa.schema(
 # (rows done, rows in the catalogue)
 LengthProgress = Callable[[int, int], None]
 
-_counter: LengthCounter | None = None  # this process's counter, set up by _start_counter
+# This process's way of measuring a chunk's samples, set up by _start_measuring: text without the
+# processor (or with it), or, for a processor without the fast path, the exact counter.
+_text: TextCounter | None = None
+_exact: LengthCounter | None = None
 
 
 @dataclass(frozen=True)
@@ -45,22 +61,66 @@ class LengthTableSummary:
     ok_token_lens: np.ndarray  # token_len of every ok row, in table order
 
 
-def _start_counter(model: ModelConfig, frame_cache: FrameCacheConfig) -> None:
-    global _counter
-    _counter = LengthCounter(shared_processor(model), frame_cache)
+def _start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig) -> None:
+    global _text, _exact
+    spec = stored_text_spec(model)
+    if spec is not None:
+        _text, _exact = SpecText(spec), None
+        return
+    counter = LengthCounter(shared_processor(model), frame_cache)
+    if supports_fast_path(counter.processor):
+        _text, _exact = counter.text, None
+    else:
+        _text, _exact = None, counter
 
 
-def _length_rows(catalog_rows: list[dict]) -> list[tuple]:
-    assert _counter is not None, "_start_counter runs first in every process"
-    ok_rows = [row for row in catalog_rows if row["status"] == STATUS_OK]
-    counted = iter(_counter.fast_many([
-        SampleForLength(row["sample_id"], row["messages"], row["media_kinds"], row["media_refs"]) for row in ok_rows
-    ]))
-    # fast_many answers every sample, in order; a catalogue reject keeps its reason.
+def _measure_rows(catalog_rows: list[dict]) -> list[LengthResult | MeasuredSample]:
+    ok_samples = [
+        SampleForLength(row["sample_id"], row["messages"], row["media_kinds"], row["media_refs"])
+        for row in catalog_rows if row["status"] == STATUS_OK
+    ]
+    if _text is not None:
+        measured = iter(measure_samples(ok_samples, _text))
+    else:
+        assert _exact is not None, "_start_measuring runs first in every process"
+        measured = iter([_exact.exact(sample) for sample in ok_samples])
+    # Every ok sample is answered, in order; a catalogue reject keeps its reason.
     return [
-        astuple(next(counted) if row["status"] == STATUS_OK else LengthResult.rejected(row["sample_id"], row["reason"]))
+        next(measured) if row["status"] == STATUS_OK else LengthResult.rejected(row["sample_id"], row["reason"])
         for row in catalog_rows
     ]
+
+
+class _CounterLoad:
+    """This process's LengthCounter, loaded in a thread while chunks are measured; keeps the text spec."""
+
+    def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig) -> None:
+        self._model, self._frame_cache = model, frame_cache
+        self._counter: LengthCounter | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._load, name="processor-load", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        try:
+            counter = LengthCounter(shared_processor(self._model), self._frame_cache)
+            if supports_fast_path(counter.processor):
+                counter.video_tokens_per_clip  # computed once, here, off the counting path
+                if stored_text_spec(self._model) is None and (spec := text_spec_of(counter.processor)) is not None:
+                    store_text_spec(self._model, spec)
+            self._counter = counter
+        except BaseException as error:  # re-raised where the counter is needed
+            self._error = error
+
+    def ready(self) -> bool:
+        return not self._thread.is_alive()
+
+    def counter(self) -> LengthCounter:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._counter is not None
+        return self._counter
 
 
 def write_length_table(
@@ -78,8 +138,15 @@ def write_length_table(
     # A pool costs each process a processor load (seconds); a single chunk is not worth it.
     processes = processes if total > chunk_rows else 1
     done, ok_lengths = 0, []
+    load = _CounterLoad(model, frame_cache)
+    # Chunks measured while the processor loads wait here (seconds' worth), so the pool stays fed.
+    measured_chunks: list[list[LengthResult | MeasuredSample]] = []
     with atomic_path(target) as tmp, pq.ParquetWriter(tmp, LENGTH_SCHEMA) as writer:
-        for rows in ordered_map(_length_rows, chunks, processes, _start_counter, (model, frame_cache)):
+
+        def write(chunk: list[LengthResult | MeasuredSample]) -> None:
+            nonlocal done
+            counter = load.counter()
+            rows = [astuple(counter.complete(item) if isinstance(item, MeasuredSample) else item) for item in chunk]
             columns = list(zip(*rows))
             writer.write_table(pa.table(dict(zip(LENGTH_COLUMNS, columns)), schema=LENGTH_SCHEMA))
             status, token_len = np.asarray(columns[1]), np.asarray(columns[3], dtype=np.int64)
@@ -87,6 +154,15 @@ def write_length_table(
             done += len(rows)
             if progress:
                 progress(done, total)
+
+        for chunk in ordered_map(_measure_rows, chunks, processes, _start_measuring, (model, frame_cache)):
+            measured_chunks.append(chunk)
+            if load.ready():
+                for waiting in measured_chunks:
+                    write(waiting)
+                measured_chunks.clear()
+        for waiting in measured_chunks:
+            write(waiting)
     return LengthTableSummary(total, processes, np.concatenate(ok_lengths) if ok_lengths else np.zeros(0, dtype=np.int64))
 
 

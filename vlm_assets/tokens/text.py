@@ -1,0 +1,133 @@
+"""A sample's text tokens, with the processor or without loading it.
+
+Loading a processor costs seconds (transformers imports torch and torchvision), and every chunk
+process of `sample_lengths` would pay that only to render the chat template and tokenise. The
+text part needs neither: the template goes through transformers' own Jinja renderer and the
+tokenizer's own `tokenizers` model. `text_spec_of` takes both from a loaded processor, and only
+when they give exactly what the processor gives on probe conversations; the spec is kept on disk
+per processor fingerprint, so chunk processes of later steps start counting at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from vlm_assets.atomic import atomic_write_text
+from vlm_assets.config import ModelConfig
+from vlm_assets.tokens.processor import default_cache_dir, import_transformers, processor_fingerprint
+
+TEXT_SPEC_VERSION = 1
+Conversation = list[dict[str, Any]]
+
+# Conversations on which the spec must render and count exactly as the processor does.
+PROBE_CONVERSATIONS: tuple[Conversation, ...] = (
+    [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is shown here?"}]},
+     {"role": "assistant", "content": [{"type": "text", "text": "A red square on grey."}]}],
+    [{"role": "system", "content": [{"type": "text", "text": "Answer briefly."}]},
+     {"role": "user", "content": [{"type": "text", "text": "Compare "}, {"type": "video"},
+                                  {"type": "text", "text": " and "}, {"type": "image"}]},
+     {"role": "assistant", "content": [{"type": "text", "text": "Both show  spaces,\ttabs\nand ünïcödé 漢字 🙂."}]},
+     {"role": "user", "content": [{"type": "text", "text": "<|im_start|> is text here"}]},
+     {"role": "assistant", "content": [{"type": "text", "text": ""}]}],
+)
+
+
+class TextCounter(Protocol):
+    def render(self, conversation: Conversation) -> str: ...
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]: ...
+
+
+class ProcessorText:
+    """Text rendering and counting by the loaded processor itself."""
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+
+    def render(self, conversation: Conversation) -> str:
+        return self.processor.apply_chat_template(conversation, tokenize=False)
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in self.processor.tokenizer(list(texts))["input_ids"]]
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    """What rendering and tokenising a sample's text needs, without the processor."""
+
+    tokenizer_json: str
+    chat_template: str
+    template_kwargs: dict[str, Any]  # the tokenizer's special tokens, as apply_chat_template passes them
+
+
+class SpecText:
+    """Text rendering and counting from a `TextSpec`: no torch, loads in a fraction of a second."""
+
+    def __init__(self, spec: TextSpec) -> None:
+        from tokenizers import Tokenizer
+
+        import_transformers()  # its Jinja renderer; a processor may be loading in another thread
+        self.spec = spec
+        self._tokenizer = Tokenizer.from_str(spec.tokenizer_json)
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+
+    def render(self, conversation: Conversation) -> str:
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        prompts, _ = render_jinja_template(
+            conversations=[conversation], tools=None, documents=None, chat_template=self.spec.chat_template,
+            return_assistant_tokens_mask=False, continue_final_message=False, add_generation_prompt=False,
+            **self.spec.template_kwargs,
+        )
+        return prompts[0]
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        return [len(encoding.ids) for encoding in self._tokenizer.encode_batch(list(texts))]
+
+
+def text_spec_of(processor: Any) -> TextSpec | None:
+    """The processor's text spec, or None when it cannot stand in for the processor exactly."""
+    tokenizer = getattr(processor, "tokenizer", None)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    template = getattr(processor, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    if backend is None or not isinstance(template, str):
+        return None
+    template_kwargs = dict(tokenizer.special_tokens_map)
+    if not all(isinstance(value, str) or (isinstance(value, list) and all(isinstance(item, str) for item in value))
+               for value in template_kwargs.values()):
+        return None
+    spec = TextSpec(backend.to_str(), template, template_kwargs)
+    try:
+        ours, theirs = SpecText(spec), ProcessorText(processor)
+        for conversation in PROBE_CONVERSATIONS:
+            text = theirs.render(conversation)
+            if ours.render(conversation) != text or ours.token_counts([text]) != theirs.token_counts([text]):
+                return None
+    except Exception:  # a template or tokenizer this path does not handle: keep the processor's own
+        return None
+    return spec
+
+
+def _spec_path(model: ModelConfig, cache_dir: Path | None) -> Path:
+    return (cache_dir or default_cache_dir()) / "text-specs" / f"v{TEXT_SPEC_VERSION}-{processor_fingerprint(model, cache_dir)}.json"
+
+
+def stored_text_spec(model: ModelConfig, cache_dir: Path | None = None) -> TextSpec | None:
+    """The spec `store_text_spec` kept for this processor (files and kwargs), if any."""
+    try:
+        return TextSpec(**json.loads(_spec_path(model, cache_dir).read_text(encoding="utf-8")))
+    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        return None
+
+
+def store_text_spec(model: ModelConfig, spec: TextSpec, cache_dir: Path | None = None) -> None:
+    path = _spec_path(model, cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(asdict(spec)))
