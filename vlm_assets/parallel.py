@@ -50,12 +50,14 @@ def ordered_map(
     processes: int,
     initializer: Callable[..., None] | None = None,
     initargs: tuple[Any, ...] = (),
+    may_work_here: Callable[[], bool] | None = None,
 ) -> Iterator[Result]:
     """`function` over `chunks`, results in input order, on `processes` processes: this one and spawned ones.
 
     `initializer(*initargs)` prepares each process (for example loads a model once), this one too:
     it works on chunks as well, so one process fewer is started and what it set up (a model a check
-    needs next) stays at hand. With one process everything runs here, without a pool.
+    needs next) stays at hand. With one process everything runs here, without a pool. While
+    `may_work_here()` is false this process only hands out chunks (its core is busy otherwise).
     """
     if initializer is None:
         initializer = _nothing
@@ -86,7 +88,7 @@ def ordered_map(
                     set_up_here = True
                 if not slots:
                     return
-                if not slots[0].ready():
+                if not slots[0].ready() and (may_work_here is None or may_work_here()):
                     # Work here rather than wait: the next chunk, else one the pool has not started.
                     if len(slots) < window and (chunk := next(source, _END)) is not _END:
                         slots.append(_Slot(chunk, None))

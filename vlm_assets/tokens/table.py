@@ -155,7 +155,9 @@ def write_length_table(
             if progress:
                 progress(done, total)
 
-        for chunk in ordered_map(_measure_rows, chunks, processes, _start_measuring, (model, frame_cache)):
+        # The load is Python (imports) and needs this process's interpreter: measuring here would halve its pace.
+        for chunk in ordered_map(_measure_rows, chunks, processes, _start_measuring, (model, frame_cache),
+                                 may_work_here=load.ready):
             measured_chunks.append(chunk)
             if load.ready():
                 for waiting in measured_chunks:
