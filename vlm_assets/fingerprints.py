@@ -17,6 +17,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from stat import S_ISLNK
 from typing import Any
 
 from vlm_assets.config import AppConfig, SourceConfig
@@ -79,7 +80,7 @@ def source_files_digest(source: SourceConfig, excluded: Iterable[Path]) -> str:
     Hidden entries and `excluded` trees (the storage root, the config file) are left out, so our
     own outputs and config edits never count as a change of the input.
     """
-    skip = {Path(os.path.realpath(path)) for path in excluded}
+    skip = {os.path.realpath(path) for path in excluded}
     entries: list[tuple[str, int, int]] = []
     for root in sorted({source.path, source.media_root, *source.allowed_roots}):
         entries.extend(_tree_entries(Path(root), skip))
@@ -87,26 +88,33 @@ def source_files_digest(source: SourceConfig, excluded: Iterable[Path]) -> str:
     return digest(str(source.path), str(source.media_root), limits, sorted(set(entries)))
 
 
-def _tree_entries(root: Path, skip: set[Path]) -> list[tuple[str, int, int]]:
+def _tree_entries(root: Path, skip: set[str]) -> list[tuple[str, int, int]]:
     if root.is_file():
         stat = root.stat()
         return [(str(root), stat.st_size, stat.st_mtime_ns)]
+    # A plain file is an excluded one only if its name is: resolving every file's path would cost
+    # more than the rest of the walk (a source holds millions of images).
+    skipped_names = {os.path.basename(path) for path in skip}
     entries = []
     for directory, subdirectories, files in os.walk(root, followlinks=True):
         subdirectories[:] = sorted(
             name for name in subdirectories
-            if not name.startswith(".") and Path(os.path.realpath(os.path.join(directory, name))) not in skip
+            if not name.startswith(".") and os.path.realpath(os.path.join(directory, name)) not in skip
         )
         for name in files:
-            path = os.path.join(directory, name)
-            if name.startswith(".") or Path(os.path.realpath(path)) in skip:
+            if name.startswith("."):
                 continue
+            path = os.path.join(directory, name)
             try:
-                stat = os.stat(path)
+                info = os.lstat(path)
+                if S_ISLNK(info.st_mode) or name in skipped_names:
+                    if os.path.realpath(path) in skip:
+                        continue
+                    info = os.stat(path)
             except OSError:
                 entries.append((path, -1, -1))  # a dangling link still counts: its rejection is an output
                 continue
-            entries.append((path, stat.st_size, stat.st_mtime_ns))
+            entries.append((path, info.st_size, info.st_mtime_ns))
     return entries
 
 
