@@ -14,6 +14,7 @@ from vlm_assets.parallel import ordered_map
 from vlm_assets.wording import plural
 
 MAX_LISTED = 5
+SHARDS_PER_PROCESS_FOR_A_POOL = 4
 
 
 def _listed(values: Iterable[str]) -> str:
@@ -73,6 +74,8 @@ def shard_problems(shards: list[Path], jsonl_path: Path, processes: int = 1) -> 
 
     Python's tarfile reads the shards' member lists, `processes` shards at a time.
     """
+    if len(shards) < SHARDS_PER_PROCESS_FOR_A_POOL * processes:
+        processes = 1  # a pool's start-up (a second) would cost more than it saves
     expected = expected_members(jsonl_path)
     found: dict[str, set[str]] = {}
     home: dict[str, str] = {}
