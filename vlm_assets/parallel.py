@@ -18,8 +18,9 @@ from typing import Any, Generic, TypeVar
 STEP_PROCESSES_ENV_VAR = "VLM_ASSETS_STEP_PROCESSES"
 # Chunks done or underway, per process, whose results wait for earlier ones: bounds memory.
 CHUNKS_IN_FLIGHT_PER_PROCESS = 4
-# Chunks the pool holds per process: one running and one ready to start.
-CHUNKS_QUEUED_PER_POOL_PROCESS = 2
+# Chunks the pool holds per process: one running and three ready, enough to keep it working while
+# this process does a chunk of its own (a video's takes a second or more) and cannot hand out more.
+CHUNKS_QUEUED_PER_POOL_PROCESS = 4
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
