@@ -135,7 +135,7 @@ def write_length_table(
     """Write the length table of the catalogue at `catalog` to `target` (atomically)."""
     total = parquet_rows(catalog)
     chunks = (batch.to_pylist() for batch in parquet_batches(catalog, CATALOG_COLUMNS_READ, chunk_rows))
-    # A pool costs each process a processor load (seconds); a single chunk is not worth it.
+    # A pool costs a start-up (a processor load where no text spec is stored); one chunk is not worth it.
     processes = processes if total > chunk_rows else 1
     done, ok_lengths = 0, []
     load = _CounterLoad(model, frame_cache)
