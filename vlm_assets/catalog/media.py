@@ -8,6 +8,7 @@ be read with a single seek.
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import BinaryIO
 
@@ -103,12 +104,14 @@ def media_extension(ref: str, name: str) -> str:
     sniffed = sniff_extension(head)
     if sniffed:
         return sniffed
-    suffix = Path(name).suffix.lower().lstrip(".")
+    # os.path, not pathlib: a source's reader asks this for every string of every record.
+    suffix = os.path.splitext(os.path.basename(name.rstrip("/")))[1][1:].lower()
     return suffix if suffix.isalnum() and suffix else "bin"
 
 
 def kind_from_name(name: str) -> str | None:
-    suffix = Path(name).suffix.lower().lstrip(".")
+    # os.path, not pathlib: a source's reader asks this for every string of every record.
+    suffix = os.path.splitext(os.path.basename(name.rstrip("/")))[1][1:].lower()
     if suffix in IMAGE_EXTENSIONS:
         return "image"
     if suffix in VIDEO_EXTENSIONS:

@@ -12,6 +12,7 @@ accounts for all of them.
 from __future__ import annotations
 
 import os
+import stat
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ class FileResolver:
         self.search_dirs = list(dict.fromkeys(search_dirs))
         self.stem_of = stem_of
         self.stem_folder = stem_folder
+        self._real_directories: dict[Path, tuple[Path, bool]] = {}  # -> (real path, inside the scope)
 
     def _key(self, path: Path) -> str:
         try:
@@ -111,6 +113,29 @@ class FileResolver:
         if not self.scope.contains(real):
             raise SampleError(self.scope.escape_reason(f"media path {name!r}", real))
         return real
+
+    def _located(self, name: str, directory: Path, as_path: Path) -> tuple[Path, bool]:
+        """(real path of `directory`/`name`, whether it is a file).
+
+        A plain file name in a directory already resolved costs one lstat instead of one per path
+        component: a source's reader resolves every media file it names.
+        """
+        if len(as_path.parts) == 1 and name not in (".", ".."):
+            if directory not in self._real_directories:
+                real_directory = _real(directory)
+                self._real_directories[directory] = (real_directory, self.scope.contains(real_directory))
+            real_directory, in_scope = self._real_directories[directory]
+            real = real_directory / name
+            try:
+                mode: int | None = os.lstat(real).st_mode
+            except OSError:
+                mode = None  # missing (or unreadable): the caller names it
+            if mode is None or not stat.S_ISLNK(mode):
+                if not (in_scope or self.scope.contains(real)):
+                    raise SampleError(self.scope.escape_reason(f"media path {name!r}", real))
+                return real, mode is not None and stat.S_ISREG(mode)
+        candidate = self._checked(name, directory / as_path)
+        return candidate, _is_file(candidate)
 
     def resolve(self, name: str) -> ResolvedMedia:
         if name.startswith(_REMOTE_PREFIXES):
@@ -125,8 +150,8 @@ class FileResolver:
             return ResolvedMedia(name, str(real), self._key(real))
         found: dict[Path, None] = {}
         for directory in self.search_dirs:
-            candidate = self._checked(name, directory / as_path)
-            if _is_file(candidate):
+            candidate, is_file = self._located(name, directory, as_path)
+            if is_file:
                 found[candidate] = None
         if not found:
             looked = ", ".join(str(directory) for directory in self.search_dirs)
@@ -189,6 +214,29 @@ class TarSampleResolver:
                               "members are read (links inside a shard are never followed)")
         offset, size = self.members[member]
         return ResolvedMedia(name, tar_member_ref(self.tar_path, offset, size), f"{self.source}/{self.shard_key}/{member}")
+
+    def _located(self, name: str, directory: Path, as_path: Path) -> tuple[Path, bool]:
+        """(real path of `directory`/`name`, whether it is a file).
+
+        A plain file name in a directory already resolved costs one lstat instead of one per path
+        component: a source's reader resolves every media file it names.
+        """
+        if len(as_path.parts) == 1 and name not in (".", ".."):
+            if directory not in self._real_directories:
+                real_directory = _real(directory)
+                self._real_directories[directory] = (real_directory, self.scope.contains(real_directory))
+            real_directory, in_scope = self._real_directories[directory]
+            real = real_directory / name
+            try:
+                mode: int | None = os.lstat(real).st_mode
+            except OSError:
+                mode = None  # missing (or unreadable): the caller names it
+            if mode is None or not stat.S_ISLNK(mode):
+                if not (in_scope or self.scope.contains(real)):
+                    raise SampleError(self.scope.escape_reason(f"media path {name!r}", real))
+                return real, mode is not None and stat.S_ISREG(mode)
+        candidate = self._checked(name, directory / as_path)
+        return candidate, _is_file(candidate)
 
     def resolve(self, name: str) -> ResolvedMedia:
         names = [*self.members, *self.others]
