@@ -1,6 +1,6 @@
 """How `vlm-assets run` scales: 1 vs 2 workers, and the graph's CPU per video vs decode-only.
 
-    .venv/bin/python bench/scale.py [--videos 60] [--images 24000] [--repeats 2] [--quick]
+    .venv/bin/python bench/scale.py [--videos 90] [--images 40000] [--repeats 2] [--quick]
 
 Inputs are generated once with fixed seeds and cached under bench/out/scale/ (reruns reuse them):
 --videos H.264 and MPEG-4 clips (480–854 px wide, 8–20 s, moving texture) as one jsonl source,
@@ -69,7 +69,7 @@ from vlm_assets.frames.shard import build_shard  # noqa: E402
 PYTHON = sys.executable
 # Bump when the generators below change, so cached inputs made by older code are not reused.
 OUT = ROOT / "bench" / "out" / "scale" / "v2"
-# The production frame-cache settings, with shards small enough that 60 clips make 4 (two rounds on
+# The production frame-cache settings, with shards small enough that 90 clips make 6 (three rounds on
 # two workers); smaller ones would make Dagster's cost per run (about a second) the bulk of the stage.
 VIDEOS_PER_SHARD = 15
 FRAME_CACHE = FrameCacheConfig(num_frames=64, frame_size=384, rows=4, cols=16, jpeg_quality=95,
@@ -480,8 +480,8 @@ def print_breakdown(target: Target, runs: dict[int, list[Measured]]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--videos", type=int, default=60, help="generated clips in the video source")
-    parser.add_argument("--images", type=int, default=24000, help="generated images in the image source")
+    parser.add_argument("--videos", type=int, default=90, help="generated clips in the video source")
+    parser.add_argument("--images", type=int, default=40000, help="generated images in the image source")
     parser.add_argument("--repeats", type=int, default=2, help="runs per worker count; the median is reported")
     parser.add_argument("--quick", action="store_true", help="smoke run: 6 videos, 300 images, 1 repeat")
     parser.add_argument("--no-celery", action="store_true", help="leave out the Celery comparison")

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from vlm_assets.config import CONFIG_ENV_VAR, ConfigError, load_config
+from vlm_assets.dagster_home import ensure_dagster_home
+from vlm_assets.worker_processes import default_workers, start_workers
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -27,18 +29,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
                           "add a `sources:` list (inbox entries are built by the inbox sensor under `dagster dev`)")
     # The code location reads the same file, so the UI and this run agree on settings.
     os.environ[CONFIG_ENV_VAR] = str(app.path)
-    from vlm_assets.runner import (
-        default_workers, ensure_dagster_home, open_instance, print_outputs, run_graph, start_workers,
-    )
-
     home = ensure_dagster_home(Path(args.dagster_home) if args.dagster_home else app.path.parent / ".dagster_home")
     dagster = Path(sys.executable).parent / "dagster"  # the venv's, which a fresh shell has no PATH to
     print(f"Dagster instance: {home}  (see the runs with: DAGSTER_HOME={home} VLM_ASSETS_CONFIG={app.path} "
           f"{dagster} dev)", flush=True)
     workers = args.workers or default_workers()
     started = time.monotonic()
+    # Before this process imports Dagster: the workers' own loads then overlap it.
     with start_workers(str(app.path), workers) as pool:
         from vlm_assets.definitions import build_definitions
+        from vlm_assets.runner import open_instance, print_outputs, run_graph
 
         defs = build_definitions(str(app.path))
         select = [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None

@@ -8,8 +8,11 @@ per process are in flight: memory stays bounded by the chunk size, not by the so
 
 from __future__ import annotations
 
+import atexit
+import logging
 import multiprocessing
 import os
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -72,8 +75,8 @@ def ordered_map(
     # The pool gets only what keeps its processes busy: what it has been given it hands to them
     # soon after, out of reach, so this process would find nothing left to take over.
     pool_share = (processes - 1) * CHUNKS_QUEUED_PER_POOL_PROCESS
-    with ProcessPoolExecutor(max_workers=processes - 1, mp_context=context, initializer=initializer,
-                             initargs=initargs) as pool:
+    with ProcessPoolExecutor(max_workers=processes - 1, mp_context=context, initializer=_start_pool_process,
+                             initargs=(initializer, initargs)) as pool:
         slots: deque[_Slot[Item, Result]] = deque()
         source = iter(chunks)
         set_up_here = False
@@ -110,6 +113,28 @@ _END: Any = object()
 
 def _nothing() -> None:
     pass
+
+
+def _start_pool_process(initializer: Callable[..., None], initargs: tuple[Any, ...]) -> None:
+    skip_teardown_at_exit()
+    initializer(*initargs)
+
+
+def skip_teardown_at_exit() -> None:
+    """Let this worker process, once it exits normally, skip the interpreter's teardown.
+
+    Tearing down what its work loaded (torch, transformers, Dagster) takes seconds of a core, and
+    whoever shut the pool down waits for it. Called first thing in the process, the handler runs
+    after every exit handler registered later.
+    """
+    atexit.register(_exit_now)
+
+
+def _exit_now() -> None:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class _Slot(Generic[Item, Result]):

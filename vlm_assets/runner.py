@@ -12,7 +12,6 @@ on disk, is not run again unless `force`.
 from __future__ import annotations
 
 import concurrent.futures
-import multiprocessing
 import os
 import re
 import signal
@@ -23,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
-import yaml
 
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig
@@ -35,14 +33,12 @@ from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.packing.wds import list_shards
 from vlm_assets.scale_out.executor import file_sha256
 from vlm_assets.wording import plural
+from vlm_assets.worker_processes import start_workers
 
-# Instance templates ship inside the package, so a non-editable install finds them too.
-REPO_INSTANCE_CONFIG = Path(__file__).resolve().parent / "instance" / "dagster.yaml"
 RUN_LOGGING = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 LAUNCHED_BY_TAG = {"vlm_assets/launched_by": "cli"}
 ASSET_TAG = "vlm_assets/asset"  # the asset a CLI run materialises (one per run)
 WAIT_POLL_S = 0.5
-PARENT_WATCH_S = 1.0
 
 
 @dataclass
@@ -61,45 +57,6 @@ class RunSummary:
         return not (self.failed_runs or self.failed_checks or self.blocked or self.interrupted)
 
 
-INSTANCE_CONFIG_HEADER = (
-    "# Written by vlm-assets from vlm_assets/instance/dagster.yaml (+ dagster.postgres.yaml when "
-    "$VLM_ASSETS_PG_HOST is set) and rewritten on every run; delete this line to keep your own edits.\n"
-)
-POSTGRES_TEMPLATE = REPO_INSTANCE_CONFIG.with_name("dagster.postgres.yaml")
-POSTGRES_HOST_ENV = "VLM_ASSETS_PG_HOST"
-POSTGRES_DEFAULTS = {"VLM_ASSETS_PG_PORT": 5432, "VLM_ASSETS_PG_USER": "postgres", "VLM_ASSETS_PG_PASSWORD": "",
-                     "VLM_ASSETS_PG_DB": "dagster"}
-
-
-def instance_config_text() -> str:
-    """The project's dagster.yaml, with PostgreSQL storage when $VLM_ASSETS_PG_HOST is set.
-
-    Set variables stay `{env: ...}` references (no password lands in the file); unset ones take
-    POSTGRES_DEFAULTS.
-    """
-    text = INSTANCE_CONFIG_HEADER + REPO_INSTANCE_CONFIG.read_text(encoding="utf-8").replace("{cores}", str(default_workers()))
-    if os.environ.get(POSTGRES_HOST_ENV):
-        storage = yaml.safe_load(POSTGRES_TEMPLATE.read_text(encoding="utf-8"))
-        fields = storage["storage"]["postgres"]["postgres_db"]
-        for name, value in fields.items():
-            if isinstance(value, dict) and not os.environ.get(value["env"]) and value["env"] in POSTGRES_DEFAULTS:
-                fields[name] = POSTGRES_DEFAULTS[value["env"]]
-        text += "\n" + yaml.safe_dump(storage, sort_keys=False)
-    return text
-
-
-def ensure_dagster_home(default: Path) -> Path:
-    """$DAGSTER_HOME, else `default`; its dagster.yaml (re)written from the project's unless the user owns it."""
-    home = Path(os.environ.get("DAGSTER_HOME") or default).resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ["DAGSTER_HOME"] = str(home)
-    target = home / "dagster.yaml"
-    current = target.read_text(encoding="utf-8") if target.exists() else None
-    if current is None or current.startswith(INSTANCE_CONFIG_HEADER):
-        wanted = instance_config_text()
-        if current != wanted:
-            atomic_write_text(target, wanted)
-    return home
 
 
 def open_instance(home: Path) -> dg.DagsterInstance:
@@ -217,38 +174,9 @@ class TaskOutcome:
 _worker: dict[str, tuple[str, tuple[dg.Definitions, dg.DagsterInstance, VlmConfig]]] = {}
 
 
-def _worker_init(parent_pid: int, config_path: str) -> None:
-    # Its own session: a Ctrl-C in the terminal reaches only the CLI, which then launches nothing
-    # more and lets the steps in flight finish.
-    os.setsid()
-    os.environ[CONFIG_ENV_VAR] = config_path
-
-    def watch_parent() -> None:
-        # If the CLI is killed (kill -9 included) its workers go too, as one would expect of a
-        # foreground command; their runs are then failed by the next sweep. The whole process
-        # group goes: a step's helpers (Dagster's compute-log `tail -F`, started just before its
-        # own orphan watcher) would otherwise outlive it and hold the CLI's stdout open.
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_WATCH_S)
-        os.killpg(0, signal.SIGKILL)
-
-    threading.Thread(target=watch_parent, daemon=True, name="watch-parent").start()
 
 
-def start_workers(config_path: str, workers: int) -> concurrent.futures.ProcessPoolExecutor:
-    """`workers` worker processes for `run_graph`, already starting: each loads the code location
-    (seconds) while the caller loads its own copy, instead of after it."""
-    pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-        initargs=(os.getpid(), config_path),
-    )
-    for _ in range(max(1, workers)):
-        # A failed load is not reported here: the first run in that process fails with the error.
-        pool.submit(_worker_state, config_path)
-    return pool
-
-
-def _worker_state(config_path: str) -> tuple[dg.Definitions, dg.DagsterInstance, VlmConfig]:
+def worker_state(config_path: str) -> tuple[dg.Definitions, dg.DagsterInstance, VlmConfig]:
     sha256 = file_sha256(config_path)
     if config_path not in _worker or _worker[config_path][0] != sha256:
         from vlm_assets.definitions import build_definitions
@@ -274,7 +202,7 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
         return execute_on_workers(config_path, asset, partition, log_dir)
     if processes is not None:
         os.environ[STEP_PROCESSES_ENV_VAR] = str(processes)
-    defs, instance, vlm_config = _worker_state(config_path)
+    defs, instance, vlm_config = worker_state(config_path)
     token = process_token(vlm_config.app.storage_root)
     result = dg.materialize(
         list(defs.assets or []) + list(defs.asset_checks or []),
@@ -585,9 +513,6 @@ def print_outputs(app: AppConfig, echo: Callable[[str], None] = print) -> None:
             echo(f"  {path}  ({plural(count, 'file')})")
 
 
-def default_workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-__all__ = ["CONFIG_ENV_VAR", "RunSummary", "default_workers", "ensure_dagster_home", "open_instance",
-           "print_outputs", "register_sources", "run_graph"]
+__all__ = ["CONFIG_ENV_VAR", "RunSummary", "open_instance", "print_outputs", "register_sources", "run_graph"]

@@ -8,7 +8,9 @@ import multiprocessing
 import os
 
 from vlm_assets.config import CONFIG_ENV_VAR, load_config
+from vlm_assets.dagster_home import POSTGRES_HOST_ENV, ensure_dagster_home
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
+from vlm_assets.worker_processes import default_workers
 
 WORKER_ARGS = (
     # One task (a run or a step) per free process: the rest stay in the queue for the other workers.
@@ -34,7 +36,7 @@ def start_worker(args: argparse.Namespace) -> int:
     broker = require_broker()
     # Steps of runs launched by the daemon rebuild the code location, which reads this variable.
     os.environ[CONFIG_ENV_VAR] = str(app.path)
-    from vlm_assets.runner import POSTGRES_HOST_ENV, default_workers, ensure_dagster_home, open_instance
+    from vlm_assets.runner import open_instance
 
     home = ensure_dagster_home(app.path.parent / ".dagster_home")
     with open_instance(home) as instance:

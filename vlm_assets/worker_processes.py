@@ -1,0 +1,64 @@
+"""The worker processes of `vlm-assets run`, started before the CLI itself imports Dagster.
+
+Each worker loads the code location and opens the instance (seconds of imports). Started first,
+they do it while the CLI loads its own copy, on the cores the CLI would otherwise leave idle, so
+this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+from vlm_assets.config import CONFIG_ENV_VAR
+from vlm_assets.parallel import skip_teardown_at_exit
+
+PARENT_WATCH_S = 1.0
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _worker_init(parent_pid: int, config_path: str) -> None:
+    # Its own session: a Ctrl-C in the terminal reaches only the CLI, which then launches nothing
+    # more and lets the steps in flight finish.
+    os.setsid()
+    os.environ[CONFIG_ENV_VAR] = config_path
+
+    def watch_parent() -> None:
+        # If the CLI is killed (kill -9 included) its workers go too, as one would expect of a
+        # foreground command; their runs are then failed by the next sweep. The whole process
+        # group goes: a step's helpers (Dagster's compute-log `tail -F`, started just before its
+        # own orphan watcher) would otherwise outlive it and hold the CLI's stdout open.
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_WATCH_S)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch_parent, daemon=True, name="watch-parent").start()
+    skip_teardown_at_exit()
+
+
+def _load_code_location(config_path: str) -> None:
+    from vlm_assets.runner import worker_state
+
+    worker_state(config_path)
+
+
+def start_workers(config_path: str, workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    """`workers` worker processes for `run_graph`, already loading the code location.
+
+    $DAGSTER_HOME must be set first (see `vlm_assets.dagster_home`): the workers open that instance.
+    """
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+        initargs=(os.getpid(), config_path),
+    )
+    for _ in range(max(1, workers)):
+        # A failed load is not reported here: the first run in that process fails with the error.
+        pool.submit(_load_code_location, config_path)
+    return pool
