@@ -39,6 +39,7 @@ RUN_LOGGING = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 LAUNCHED_BY_TAG = {"vlm_assets/launched_by": "cli"}
 ASSET_TAG = "vlm_assets/asset"  # the asset a CLI run materialises (one per run)
 WAIT_POLL_S = 0.5
+POOL_SWEEP_S = 5.0  # how often a step stranded in a pool's queue (see assign_stranded_steps) is looked for
 
 
 @dataclass
@@ -401,7 +402,7 @@ def run_graph(
     if executor == "celery":
         _require_celery_workers(echo)
     summary = RunSummary()
-    from vlm_assets.defs.automation.dead_runs import fail_dead_runs
+    from vlm_assets.defs.automation.dead_runs import assign_stranded_steps, fail_dead_runs
 
     process_token(app.storage_root)  # a storage root we cannot write to fails here, in one line, before any run
     summary.dead_runs_failed = fail_dead_runs(instance)
@@ -413,6 +414,7 @@ def run_graph(
     scheduler = _Scheduler(defs, app, instance, selected, shape, force, echo)
     log_dir = log_dir or Path(os.environ.get("DAGSTER_HOME", ".")) / "logs"
     in_flight: dict[concurrent.futures.Future, tuple[str, str | None]] = {}
+    next_pool_sweep = time.monotonic() + POOL_SWEEP_S
     with _Stop(echo) as stop, pool or start_workers(str(app.path), workers) as pool:
         while True:
             if not stop.requested:
@@ -437,6 +439,9 @@ def run_graph(
                 continue
             finished, _ = concurrent.futures.wait(list(in_flight), timeout=WAIT_POLL_S,
                                                   return_when=concurrent.futures.FIRST_COMPLETED)
+            if time.monotonic() >= next_pool_sweep:
+                assign_stranded_steps(instance, [FRAME_CACHE_POOL, HEAVY_POOL])
+                next_pool_sweep = time.monotonic() + POOL_SWEEP_S
             for future in finished:
                 node = in_flight.pop(future)
                 summary.runs += 1

@@ -17,7 +17,8 @@ import dagster as dg
 import pytest
 
 from vlm_assets.config import load_config
-from vlm_assets.defs.automation.dead_runs import dead_runs_sensor
+from vlm_assets.defs.automation.dead_runs import assign_stranded_steps, dead_runs_sensor
+from vlm_assets.defs.resources import HEAVY_POOL
 from vlm_assets.locks import LOCK_DIR, file_lock
 from vlm_assets_tests.run_support import (
     differences,
@@ -233,3 +234,23 @@ def test_a_read_only_storage_root_is_named_in_one_line(demo_config_path, tmp_pat
                             env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home")})
     assert result.returncode == 1
     assert f"error: Read-only file system: {root / '.locks'}" in result.stderr
+
+
+def test_a_step_that_missed_a_freed_pool_slot_gets_it(tmp_path):
+    """The race seen in CI: the slot's holder frees it just after a second step saw it taken and
+    just before that step queued, so nobody hands it the slot. The runner's sweep does."""
+    single_slot_instance(tmp_path)
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        storage = instance.event_log_storage
+        storage.initialize_concurrency_limit_to_default(HEAVY_POOL)
+        assert storage.claim_concurrency_slot(HEAVY_POOL, "holder", "step").is_claimed
+        assert not storage.has_unassigned_slots(HEAVY_POOL)  # what the asker sees
+        storage.free_concurrency_slots_for_run("holder")  # no step queued yet: nothing to hand over
+        storage.add_pending_step(HEAVY_POOL, "asker", "step", should_assign=False)  # the asker queues
+        assert not storage.claim_concurrency_slot(HEAVY_POOL, "asker", "step").is_claimed  # and would wait for ever
+        storage.add_pending_step(HEAVY_POOL, "third", "step", should_assign=False)
+
+        assert assign_stranded_steps(instance, [HEAVY_POOL]) == 1  # one slot: only the first in the queue
+        assert storage.claim_concurrency_slot(HEAVY_POOL, "asker", "step").is_claimed
+        assert assign_stranded_steps(instance, [HEAVY_POOL]) == 0  # the slot is taken again
+        assert not storage.claim_concurrency_slot(HEAVY_POOL, "third", "step").is_claimed

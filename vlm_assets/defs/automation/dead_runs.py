@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from vlm_assets.defs.resources import ALIVE_TAG
+from vlm_assets.defs.resources import ALIVE_TAG, FRAME_CACHE_POOL, HEAVY_POOL
 from vlm_assets.locks import process_alive
 
 IN_FLIGHT = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
@@ -43,6 +43,27 @@ def fail_dead_runs(instance: dg.DagsterInstance) -> list[str]:
     return failed
 
 
+def assign_stranded_steps(instance: dg.DagsterInstance, pools: list[str]) -> int:
+    """Hand free pool slots to the steps waiting for them that nobody will wake; how many were handed.
+
+    A step that asks for a slot just as the last holder frees it can miss the hand-over: the holder
+    found no step waiting, the asker saw no free slot, and the asker then waits for ever (seen with
+    two `vlm-assets run` workers on one pool of one slot). Dagster's own rule decides when a slot is
+    free to hand out.
+    """
+    storage = instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return 0
+    handed = 0
+    for pool in pools:
+        while storage.has_unassigned_slots(pool) and any(
+            step.assigned_timestamp is None for step in storage.get_concurrency_info(pool).pending_steps
+        ):
+            storage.assign_pending_steps([pool])
+            handed += 1
+    return handed
+
+
 @dg.sensor(
     name="dead_runs_sensor",
     minimum_interval_seconds=30,
@@ -53,4 +74,7 @@ def dead_runs_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
     failed = fail_dead_runs(context.instance)
     for run_id in failed:
         context.log.warning(f"run {run_id}: its process is gone; marked failed, pool slots freed")
+    handed = assign_stranded_steps(context.instance, [FRAME_CACHE_POOL, HEAVY_POOL])
+    if handed:
+        context.log.warning(f"{handed} step(s) waiting for a pool slot that was free got it")
     return dg.SkipReason(f"{len(failed)} dead run(s) failed" if failed else "no dead runs")
