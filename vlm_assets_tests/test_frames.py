@@ -30,6 +30,7 @@ from vlm_assets.frames.decode import (
     should_seek,
 )
 from vlm_assets.frames.index import verify_coverage, verify_shard, write_index
+from vlm_assets.frames.mosaic import encode_jpeg, tile_frames
 from vlm_assets.frames.plan import (
     extend_plan,
     load_frames_source,
@@ -257,6 +258,23 @@ def test_resizer_reused_across_frame_sizes_matches_a_fresh_reformat():
         frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format=pix_fmt)
         fresh = frame.reformat(width=48, height=48, interpolation="BICUBIC").to_ndarray(format="rgb24")
         assert np.array_equal(resize(frame), fresh)
+
+
+def test_mosaic_kept_with_a_padding_byte_encodes_to_the_same_jpeg_as_plain_rgb():
+    rng = np.random.default_rng(3)
+    frames = [av.VideoFrame.from_ndarray(rng.integers(0, 256, (90, 120, 3), dtype=np.uint8), format="rgb24")
+              .reformat(format="yuv420p") for _ in range(5)]
+    rgb, rgba = FrameResizer(32), FrameResizer(32, "rgba")
+    tiles = [(rgb(frame), rgba(frame)) for frame in frames]
+    for plain, padded in tiles:
+        assert padded.shape == (32, 32, 4) and np.array_equal(padded[..., :3], plain)
+    plain_canvas = np.zeros((2 * 32, 3 * 32, 3), dtype=np.uint8)
+    for position, (plain, _) in enumerate(tiles):
+        plain_canvas[position // 3 * 32 : (position // 3 + 1) * 32, position % 3 * 32 : (position % 3 + 1) * 32] = plain
+    padded_canvas = tile_frames([padded for _, padded in tiles], 2, 3, 32)
+    assert padded_canvas.shape[2] == 4
+    assert encode_jpeg(padded_canvas, 95) == encode_jpeg(plain_canvas, 95)
+    assert encode_jpeg(tile_frames([plain for plain, _ in tiles], 2, 3, 32), 95) == encode_jpeg(plain_canvas, 95)
 
 
 def test_rotated_mov_is_turned_upright(real_file):

@@ -156,17 +156,19 @@ class FrameResizer:
     is about a third cheaper than one combined reformat (subsampled chroma planes are smaller).
     The two scalers are kept across frames: `frame.reformat` builds a fresh swscale context with
     its filter tables on every call, which costs twice the scaling itself at these sizes.
-    One instance per thread (swscale contexts are not shareable).
+    One instance per thread (swscale contexts are not shareable). `pixel_format` "rgba" gives
+    size×size×4 with the same RGB and an opaque fourth byte, the layout a mosaic canvas is kept in.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, pixel_format: str = "rgb24") -> None:
         self.size = size
+        self.pixel_format = pixel_format
         self._scaler = VideoReformatter()
         self._to_rgb = VideoReformatter()
 
     def __call__(self, frame: av.VideoFrame) -> np.ndarray:
         resized = self._scaler.reformat(frame, width=self.size, height=self.size, interpolation="BICUBIC")
-        rgb = self._to_rgb.reformat(resized, format="rgb24").to_ndarray()
+        rgb = self._to_rgb.reformat(resized, format=self.pixel_format).to_ndarray()
         quarter_turns = round((frame.rotation or 0) / 90) % 4
         return np.rot90(rgb, quarter_turns) if quarter_turns else rgb
 

@@ -35,11 +35,11 @@ def render_mosaic(
     """The JPEG mosaic of `ref`'s sampled frames, with the frame count and indices it shows.
 
     `planned` fixes the indices (else they are spread over the decoded count); `canvas`
-    (rows·size × cols·size × 3) is cleared and reused when given. Resizing runs on a helper
+    (`mosaic_canvas`) is cleared and reused when given. Resizing runs on a helper
     thread while the next frames decode (both release the GIL), so a lone worker uses a second
     core; the bounded queue keeps at most a few full-size decoded frames alive.
     """
-    resize = FrameResizer(config.frame_size)  # used on the helper thread only
+    resize = FrameResizer(config.frame_size, "rgba")  # used on the helper thread only
     tiles: dict[int, Future[np.ndarray]] = {}
     with ThreadPoolExecutor(max_workers=1) as resizer:
         pending: deque[Future[np.ndarray]] = deque()
