@@ -23,8 +23,8 @@ and --images small JPEG/PNG images with one- or two-turn conversations as anothe
    shard builder sets it up, no resize or encode), and vs the shard builder alone in this process
    (build_shard: decode, resize, mosaic, JPEG, tar; no Dagster). The fixed start-up is reported separately:
    a run on the just-built, up-to-date instance (no --force: imports, definitions, instance,
-   up-to-date checks; no worker is started) plus one worker's start-up (a process that builds
-   the definitions as a worker does).
+   up-to-date checks, and the one worker `run` starts before it knows there is nothing to do,
+   which loads the code location as in the measured run).
 3. Celery. (Needs Debian's redis-server and PostgreSQL's initdb; skipped with a note otherwise.)
    A throwaway PostgreSQL (initdb in a temporary folder) and redis-server on loopback, two
    `vlm-assets worker --concurrency 1` processes in their own folders and homes, then the frame-cache
@@ -273,15 +273,6 @@ def attribute_time(home: Path, measured: Measured, since: float) -> None:
     measured.outside_runs = measured.wall - covered
 
 
-def worker_startup_cpu(workdir: Path) -> float:
-    """CPU of a process that imports and builds the definitions, as each worker does once."""
-    code = "import sys; from vlm_assets.definitions import build_definitions; build_definitions(sys.argv[1])"
-    before = children_cpu()
-    subprocess.run([PYTHON, "-c", code, str(workdir / "vlm_assets.yaml")], cwd=ROOT,
-                   env=clean_env(workdir / "dagster_home"), check=True)
-    return children_cpu() - before
-
-
 def decode_only_cpu(videos: list[Path]) -> float:
     """CPU seconds to decode every frame of every video, with the shard builder's decoder settings."""
     started = time.process_time()
@@ -508,7 +499,6 @@ def main() -> int:
     print(f"shard builder alone (build_shard, in-process): {builder * 1000:.1f} ms CPU per video\n", flush=True)
 
     up_to_date: list[Measured] = []
-    worker_start: list[float] = []
 
     def measure_startup(workdir: Path, repeat: int) -> None:
         log_name = f"{video_target.source}-up-to-date-{repeat}"
@@ -516,7 +506,6 @@ def main() -> int:
         last_line = (OUT / "logs" / f"{log_name}.log").read_text(encoding="utf-8").splitlines()[-1]
         if not last_line.startswith("0 run(s)"):
             raise SystemExit(f"the start-up run was meant to find everything up to date, but: {last_line}")
-        worker_start.append(worker_startup_cpu(workdir))
 
     print("1. workers (fresh DAGSTER_HOME and storage root per run, --force)", flush=True)
     results = {}
@@ -537,16 +526,15 @@ def main() -> int:
 
     graph_cpu = median_of(results[video_target.label][1], "cpu")
     cli_start_wall, cli_start_cpu = median_of(up_to_date, "wall"), median_of(up_to_date, "cpu")
-    worker_cpu = statistics.median(worker_start)
-    fixed = cli_start_cpu + worker_cpu
+    fixed = cli_start_cpu
     per_video = graph_cpu / args.videos
     per_video_net = (graph_cpu - fixed) / args.videos
     load_after = os.getloadavg()[0]
 
     print("2. CPU per video (1 worker, --force, fresh instance)")
     print(f"  whole graph: {graph_cpu:.1f} s CPU for {args.videos} videos = {per_video * 1000:.0f} ms/video")
-    print(f"  fixed start-up: CLI on an up-to-date instance {cli_start_wall:.1f} s wall / {cli_start_cpu:.1f} s CPU, "
-          f"one worker {worker_cpu:.1f} s CPU")
+    print(f"  fixed start-up: CLI with its one worker on an up-to-date instance {cli_start_wall:.1f} s wall / "
+          f"{cli_start_cpu:.1f} s CPU")
     print(f"  net of start-up: {per_video_net * 1000:.0f} ms/video; decode-only {decode * 1000:.0f} ms/video")
     print(f"  load average {load_before:.2f} before, {load_after:.2f} after\n")
 
