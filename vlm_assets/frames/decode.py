@@ -99,6 +99,8 @@ def iter_sampled_frames(
                 return
             except _TimestampMismatch:
                 container.seek(0, backward=True)
+        # Counting needs every frame, whatever setting the timestamp pass left on the decoder.
+        stream.codec_context.skip_frame = "DEFAULT"
         yield from _by_counting(container.decode(stream), targets, name, probe.total_frames)
     except av.error.FFmpegError as error:
         raise VideoError(f"{name}: decoding failed: {error}") from error
