@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 
@@ -45,6 +46,7 @@ from vlm_assets.frames.probe import (
     sample_indices,
 )
 from vlm_assets.frames.reader import FrameCacheReader
+from vlm_assets.frames.render import render_mosaic
 from vlm_assets.frames.shard import done_path, ensure_shard, tar_path
 
 SMALL = FrameCacheConfig(num_frames=8, frame_size=64, rows=2, cols=4, jpeg_quality=90, videos_per_shard=3)
@@ -275,6 +277,22 @@ def test_mosaic_kept_with_a_padding_byte_encodes_to_the_same_jpeg_as_plain_rgb()
     assert padded_canvas.shape[2] == 4
     assert encode_jpeg(padded_canvas, 95) == encode_jpeg(plain_canvas, 95)
     assert encode_jpeg(tile_frames([plain for plain, _ in tiles], 2, 3, 32), 95) == encode_jpeg(plain_canvas, 95)
+
+
+@pytest.mark.parametrize("num_frames", [SMALL.num_frames, 5])
+def test_mosaic_rendered_after_another_shows_nothing_of_it(clips, num_frames):
+    """A thread reuses its canvas from video to video, also for a mosaic of fewer frames than cells."""
+    config = FrameCacheConfig(num_frames, SMALL.frame_size, SMALL.rows, SMALL.cols, SMALL.jpeg_quality, SMALL.videos_per_shard)
+
+    def render_in_turn(jobs: list[tuple[str, FrameCacheConfig]]) -> list[bytes]:
+        return [render_mosaic(str(clips[name]), job_config)[0] for name, job_config in jobs]
+
+    with ThreadPoolExecutor(max_workers=1) as fresh_thread:
+        (alone,) = fresh_thread.submit(render_in_turn, [("vp9.webm", config)]).result()
+    with ThreadPoolExecutor(max_workers=1) as fresh_thread:
+        after_first, after_second = fresh_thread.submit(render_in_turn, [("long_gop.mp4", SMALL), ("vp9.webm", config)]).result()
+    assert after_second == alone != after_first
+    assert Image.open(io.BytesIO(alone)).size == (SMALL.cols * SMALL.frame_size, SMALL.rows * SMALL.frame_size)
 
 
 def test_rotated_mov_is_turned_upright(real_file):

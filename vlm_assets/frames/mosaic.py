@@ -14,8 +14,12 @@ from PIL import Image
 CANVAS_CHANNELS = 4
 
 
+def mosaic_canvas_shape(rows: int, cols: int, size: int) -> tuple[int, int, int]:
+    return rows * size, cols * size, CANVAS_CHANNELS
+
+
 def mosaic_canvas(rows: int, cols: int, size: int) -> np.ndarray:
-    return np.zeros((rows * size, cols * size, CANVAS_CHANNELS), dtype=np.uint8)
+    return np.zeros(mosaic_canvas_shape(rows, cols, size), dtype=np.uint8)
 
 
 def place_tile(canvas: np.ndarray, position: int, cols: int, tile: np.ndarray) -> None:

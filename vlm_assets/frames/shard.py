@@ -21,7 +21,6 @@ from vlm_assets.atomic import atomic_path, atomic_write_text
 from vlm_assets.catalog.media import describe_ref
 from vlm_assets.config import FrameCacheConfig
 from vlm_assets.frames.decode import DEFAULT_DECODER_THREADS
-from vlm_assets.frames.mosaic import mosaic_canvas
 from vlm_assets.frames.plan import PlannedVideo
 from vlm_assets.frames.probe import SampledFrames, VideoError
 from vlm_assets.frames.render import mosaic_settings, render_mosaic
@@ -138,9 +137,6 @@ def build_shard(
     entries: list[ShardEntry] = []
     failures: list[ShardFailure] = []
     target = tar_path(cache_dir, shard)
-    # One canvas for the whole shard: a fresh 28 MB array per video costs more in page faults than
-    # clearing it does.
-    canvas = mosaic_canvas(config.rows, config.cols, config.frame_size)
     with atomic_path(target) as temporary:
         with tarfile.open(temporary, "w", format=tarfile.USTAR_FORMAT, copybufsize=TAR_COPY_BUFFER) as tar:
             for count, video in enumerate(videos, 1):
@@ -149,7 +145,7 @@ def build_shard(
                     planned = SampledFrames(video.total_frames, video.fps, video.frame_indices)
                     try:
                         spooled = spool.mosaic(video.ref, video.frame_indices) if spool else None
-                        jpeg, sampled = spooled or render_mosaic(video.ref, config, planned, threads, canvas)
+                        jpeg, sampled = spooled or render_mosaic(video.ref, config, planned, threads)
                     except (VideoError, OSError, av.error.FFmpegError) as failure:
                         error = _failure_message(video, failure)
                 if error:
