@@ -6,10 +6,6 @@ Inputs are generated once with fixed seeds and cached under bench/out/scale/ (re
 --videos H.264 and MPEG-4 clips (480–854 px wide, 8–20 s, moving texture) as one jsonl source,
 and --images small JPEG/PNG images with one- or two-turn conversations as another.
 
-0. Machine ceiling. Every clip's mosaic (decode, resize, JPEG: the catalogue's work per video)
-   rendered by one plain process, then by two side by side, half each, --repeats times alternating;
-   no Dagster, nothing to coordinate. Its ratio is the most two workers can gain on this machine:
-   on a host shared with other guests, the second core is partly someone else's.
 1. Workers. For each target the real CLI
    (`python -m vlm_assets.cli run --config CFG --workers N --force --select ASSET`) runs
    --repeats times with 1 and with 2 workers, alternating, each on a fresh DAGSTER_HOME and
@@ -19,6 +15,11 @@ and --images small JPEG/PNG images with one- or two-turn conversations as anothe
    Prints the median wall time, the speed-up, the serial fraction it implies by Amdahl's law
    (s = 2/speed-up − 1), and where the time goes: seconds inside each asset's runs, read from
    the run records of the Dagster instance, and the rest (start-up, scheduling) outside any run.
+   Right before each frame-cache run, the machine ceiling: every clip's mosaic (decode, resize,
+   JPEG: the catalogue's work per video) rendered by as many plain processes as the run has
+   workers, the clips split between them; no Dagster, nothing to coordinate. Its ratio is the most
+   two workers can gain on this machine at that time: on a host shared with other guests, the second
+   core is partly someone else's, and how much changes from minute to minute.
    Other processes on the machine take cores from the second worker, so each run also reports
    the cores it used, those everything else used meanwhile (busy time in /proc/stat) and those the
    hypervisor gave to other guests (steal time in /proc/stat).
@@ -315,26 +316,27 @@ def render_cpu(clips: list[str]) -> float:
     return time.process_time() - started
 
 
-def render_ceiling(clips: list[Path], repeats: int) -> dict[int, list[Measured]]:
-    """Every clip's mosaic rendered by one process, and by two side by side (half each).
+@contextmanager
+def plain_renderers() -> Iterator[ProcessPoolExecutor]:
+    """Two processes that render mosaics, started and with their imports done."""
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(time.sleep, [1.0, 1.0]))  # both started (each takes one) and importing done
+        yield pool
 
-    Plain processes with no Dagster and nothing to coordinate: as much as two workers could gain on
-    this machine for the frame cache's main work. On a host whose cores are shared with other guests
-    (steal time) or are hyper-threads of one core, that is well below 2×.
+
+def render_ceiling_run(pool: ProcessPoolExecutor, clips: list[Path], processes: int) -> Measured:
+    """Every clip's mosaic rendered by `processes` of the pool side by side, the clips split between them.
+
+    Plain processes with no Dagster and nothing to coordinate: the most that many workers could do
+    on this machine for the frame cache's main work. On a host whose cores are shared with other
+    guests (steal time) or are hyper-threads of one core, two give well below 2×.
     """
     names = [str(clip) for clip in clips]
-    runs: dict[int, list[Measured]] = {1: [], 2: []}
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(time.sleep, [1.0, 1.0]))  # both processes started and their imports done
-        for _ in range(repeats):
-            for processes in (1, 2):
-                (busy_before, stolen_before), started = machine_cpu(), time.perf_counter()
-                cpu = sum(pool.map(render_cpu, [names[part::processes] for part in range(processes)]))
-                wall = time.perf_counter() - started
-                busy_after, stolen_after = machine_cpu()
-                runs[processes].append(Measured(wall, cpu, max(0.0, busy_after - busy_before - cpu) / wall,
-                                                (stolen_after - stolen_before) / wall))
-    return runs
+    (busy_before, stolen_before), started = machine_cpu(), time.perf_counter()
+    cpu = sum(pool.map(render_cpu, [names[part::processes] for part in range(processes)]))
+    wall = time.perf_counter() - started
+    busy_after, stolen_after = machine_cpu()
+    return Measured(wall, cpu, max(0.0, busy_after - busy_before - cpu) / wall, (stolen_after - stolen_before) / wall)
 
 
 # -- Celery: throwaway PostgreSQL and Redis, two workers ------------------------------------------
@@ -474,16 +476,19 @@ def mean_in_runs(runs: list[Measured]) -> dict[str, float]:
 
 
 def compare_workers(target: Target, repeats: int,
-                    on_one_worker_home: Callable[[Path, int], None] | None = None) -> dict[int, list[Measured]]:
+                    on_one_worker_home: Callable[[Path, int], None] | None = None,
+                    before_run: Callable[[int], None] | None = None) -> dict[int, list[Measured]]:
     """Alternate 1 and 2 workers so load from other processes drifts over both alike.
 
     `on_one_worker_home(workdir, repeat)` is called after each one-worker run, before its
-    instance and storage are removed.
+    instance and storage are removed; `before_run(workers)` before each run.
     """
     runs: dict[int, list[Measured]] = {1: [], 2: []}
     for repeat in range(repeats):
         for workers in (1, 2):
             name = f"{target.source}-w{workers}-{repeat}"
+            if before_run is not None:
+                before_run(workers)
             workdir = fresh_workdir(target, name)
             since = time.time()
             measured = run_cli(workdir, target, workers, force=True, log_name=name)
@@ -538,13 +543,7 @@ def main() -> int:
     print(f"decode-only (every frame, PyAV, in-process): {decode * 1000:.1f} ms CPU per video", flush=True)
     builder = statistics.median(shard_builder_cpu(clips, OUT / "runs" / "shard_builder")
                                 for _ in range(max(args.repeats, 2))) / args.videos
-    print(f"shard builder alone (build_shard, in-process): {builder * 1000:.1f} ms CPU per video", flush=True)
-    ceiling_runs = render_ceiling(clips, args.repeats)
-    ceiling = median_of(ceiling_runs[1], "wall") / median_of(ceiling_runs[2], "wall")
-    print(f"machine ceiling (every mosaic rendered by 1 plain process vs 2 side by side): "
-          f"{median_of(ceiling_runs[1], 'wall'):.1f} s vs {median_of(ceiling_runs[2], 'wall'):.1f} s = {ceiling:.2f}×; "
-          f"cores stolen by the hypervisor {median_of(ceiling_runs[1], 'stolen'):.2f} / "
-          f"{median_of(ceiling_runs[2], 'stolen'):.2f}\n", flush=True)
+    print(f"shard builder alone (build_shard, in-process): {builder * 1000:.1f} ms CPU per video\n", flush=True)
 
     up_to_date: list[Measured] = []
 
@@ -555,11 +554,24 @@ def main() -> int:
         if not last_line.startswith("0 run(s)"):
             raise SystemExit(f"the start-up run was meant to find everything up to date, but: {last_line}")
 
-    print("1. workers (fresh DAGSTER_HOME and storage root per run, --force)", flush=True)
+    ceiling_runs: dict[int, list[Measured]] = {1: [], 2: []}
+
+    def measure_ceiling(pool: ProcessPoolExecutor, workers: int) -> None:
+        measured = render_ceiling_run(pool, clips, workers)
+        ceiling_runs[workers].append(measured)
+        print(f"  machine ceiling: {workers} plain process(es): {measured.wall:7.1f} s wall, {measured.cpu:7.1f} s CPU; "
+              f"stolen by the hypervisor {measured.stolen:.2f} cores", flush=True)
+
+    print("1. workers (fresh DAGSTER_HOME and storage root per run, --force; before each frame-cache run, "
+          "the machine ceiling with as many plain processes)", flush=True)
     results = {}
-    for target, hook in ((video_target, measure_startup), (image_target, None)):
-        results[target.label] = compare_workers(target, args.repeats, hook)
-        print_breakdown(target, results[target.label])
+    with plain_renderers() as renderers:
+        results[video_target.label] = compare_workers(video_target, args.repeats, measure_startup,
+                                                      lambda workers: measure_ceiling(renderers, workers))
+    print_breakdown(video_target, results[video_target.label])
+    results[image_target.label] = compare_workers(image_target, args.repeats)
+    print_breakdown(image_target, results[image_target.label])
+    ceiling = median_of(ceiling_runs[1], "wall") / median_of(ceiling_runs[2], "wall")
 
     rows = []
     for target in (video_target, image_target):
