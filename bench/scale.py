@@ -17,7 +17,7 @@ and --images small JPEG/PNG images with one- or two-turn conversations as anothe
    the run records of the Dagster instance, and the rest (start-up, scheduling) outside any run.
    Right before each frame-cache run, the machine ceiling: every clip's mosaic (decode, resize,
    JPEG: the catalogue's work per video) rendered by as many plain processes as the run has
-   workers, the clips split between them; no Dagster, nothing to coordinate. Its ratio is the most
+   workers, each taking the next clip when done; no Dagster, nothing to coordinate. Its ratio is the most
    two workers can gain on this machine at that time: on a host shared with other guests, the second
    core is partly someone else's, and how much changes from minute to minute.
    Other processes on the machine take cores from the second worker, so each run also reports
@@ -325,7 +325,7 @@ def plain_renderers() -> Iterator[ProcessPoolExecutor]:
 
 
 def render_ceiling_run(pool: ProcessPoolExecutor, clips: list[Path], processes: int) -> Measured:
-    """Every clip's mosaic rendered by `processes` of the pool side by side, the clips split between them.
+    """Every clip's mosaic rendered by `processes` of the pool side by side, each taking the next clip when done.
 
     Plain processes with no Dagster and nothing to coordinate: the most that many workers could do
     on this machine for the frame cache's main work. On a host whose cores are shared with other
@@ -333,7 +333,8 @@ def render_ceiling_run(pool: ProcessPoolExecutor, clips: list[Path], processes: 
     """
     names = [str(clip) for clip in clips]
     (busy_before, stolen_before), started = machine_cpu(), time.perf_counter()
-    cpu = sum(pool.map(render_cpu, [names[part::processes] for part in range(processes)]))
+    # One clip per task with two: a fixed split would not be even (the clips alternate H.264 and MPEG-4).
+    cpu = sum(pool.map(render_cpu, [names] if processes == 1 else [[name] for name in names]))
     wall = time.perf_counter() - started
     busy_after, stolen_after = machine_cpu()
     return Measured(wall, cpu, max(0.0, busy_after - busy_before - cpu) / wall, (stolen_after - stolen_before) / wall)
