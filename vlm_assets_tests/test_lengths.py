@@ -1,12 +1,15 @@
 import json
+import os
 import random
+import shutil
 
 import pytest
 from PIL import Image
 
 from vlm_assets.catalog.build import build_catalog
-from vlm_assets.config import FrameCacheConfig, SourceConfig
+from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, measure_samples, oriented_image_size
+from vlm_assets.tokens.processor import embedded_processor_dir, processor_fingerprint
 from vlm_assets.tokens.text import SpecText, store_text_spec, stored_text_spec, text_spec_of
 
 SMALL_CLIPS = FrameCacheConfig(num_frames=8, frame_size=112, rows=2, cols=4)
@@ -143,3 +146,25 @@ def test_text_spec_is_kept_per_processor_and_refused_when_the_processor_renders_
     rendering = processor.apply_chat_template
     processor.apply_chat_template = lambda conversation, tokenize=False: rendering(conversation, tokenize=tokenize) + "\n"
     assert text_spec_of(processor) is None
+
+
+def test_processor_fingerprint_follows_every_rewrite_of_its_files(tmp_path):
+    directory = tmp_path / "processor"
+    shutil.copytree(embedded_processor_dir(), directory)
+    model = ModelConfig(processor=str(directory))
+    original = processor_fingerprint(model)
+    assert processor_fingerprint(model) == original
+    config = directory / "processor_config.json"
+    text = config.read_text(encoding="utf-8")
+    edited = text.replace('"temporal_patch_size": 2', '"temporal_patch_size": 3', 1)
+    assert edited != text and len(edited) == len(text)
+    written = config.stat().st_mtime_ns
+    with open(config, "r+", encoding="utf-8") as handle:  # in place: same inode, same size
+        handle.write(edited)
+    assert processor_fingerprint(model) != original
+    os.utime(config, ns=(written + 10**9, written + 10**9))  # as if edited long ago
+    assert processor_fingerprint(model) != original
+    config.write_text(text, encoding="utf-8")
+    assert processor_fingerprint(model) == original
+    (directory / "extra.txt").write_text("x", encoding="utf-8")
+    assert processor_fingerprint(model) != original

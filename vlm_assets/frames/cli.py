@@ -6,10 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from PIL import Image
-
 from vlm_assets.config import ConfigError, default_config_path, load_config
-from vlm_assets.frames.reader import FrameCacheReader
 from vlm_assets.layout import StorageLayout
 
 
@@ -25,6 +22,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def get_frames(args: argparse.Namespace) -> int:
+    # Imported here: every `vlm-assets` command registers this one, and `run` starts its workers
+    # only after the parser is built.
+    from PIL import Image
+
+    from vlm_assets.frames.reader import FrameCacheReader
+
     try:
         config_path = args.config or default_config_path()
         cache_dir = args.cache or _configured_cache_dir(config_path)

@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -196,10 +197,27 @@ def _current_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def processor_fingerprint(model: ModelConfig, cache_dir: Path | None = None) -> str:
     """Changes whenever the processor files or kwargs change (used as a code/data version)."""
-    digest = hashlib.sha256(repr(sorted(model.processor_kwargs.items())).encode())
-    directory = processor_dir(model, cache_dir)
-    for path in sorted(directory.rglob("*")):
+    files = []
+    for path in sorted(processor_dir(model, cache_dir).rglob("*")):
         if path.is_file():
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
+            stat = path.stat()
+            files.append((str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns))
+    # A worker process fingerprints the same files in every run: hash them again only when one of
+    # them was rewritten (a new inode, size or modification time). A file modified moments ago may
+    # be rewritten again within the same timestamp tick, so such a set is always hashed afresh.
+    kwargs = repr(sorted(model.processor_kwargs.items()))
+    if any(time.time_ns() - mtime_ns < RECENT_WRITE_NS for *_, mtime_ns in files):
+        return _files_fingerprint.__wrapped__(kwargs, tuple(files))
+    return _files_fingerprint(kwargs, tuple(files))
+
+
+RECENT_WRITE_NS = 2_000_000_000
+
+
+@lru_cache(maxsize=16)
+def _files_fingerprint(kwargs: str, files: tuple[tuple[str, int, int, int], ...]) -> str:
+    digest = hashlib.sha256(kwargs.encode())
+    for name, *_ in files:
+        digest.update(Path(name).name.encode())
+        digest.update(Path(name).read_bytes())
     return digest.hexdigest()[:16]
