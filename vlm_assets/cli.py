@@ -7,9 +7,11 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from vlm_assets.config import CONFIG_ENV_VAR, ConfigError, load_config
 from vlm_assets.dagster_home import ensure_dagster_home
+from vlm_assets.parallel import exit_without_teardown
 from vlm_assets.worker_processes import default_workers, start_workers
 
 
@@ -108,5 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def console_main() -> NoReturn:
+    """The `vlm-assets` command. Its exit skips the interpreter's teardown: unloading what `run`
+    imported (Dagster, pandas, SQLAlchemy) would keep the shell waiting another second."""
+    exit_without_teardown(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -16,7 +16,7 @@ import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 STEP_PROCESSES_ENV_VAR = "VLM_ASSETS_STEP_PROCESSES"
 # Chunks done or underway, per process, whose results wait for earlier ones: bounds memory.
@@ -131,10 +131,15 @@ def skip_teardown_at_exit() -> None:
 
 
 def _exit_now() -> None:
+    exit_without_teardown(0)
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """End this process with `code` now: logs and standard streams flushed, nothing unloaded."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 class _Slot(Generic[Item, Result]):

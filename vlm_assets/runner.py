@@ -62,6 +62,11 @@ class RunSummary:
 
 def open_instance(home: Path) -> dg.DagsterInstance:
     """The instance in `home`; the first process to open a new one creates its tables alone."""
+    # Most of the second an open takes is importing the SQL libraries Dagster's storage is built
+    # on: done before the lock, the CLI and its workers starting together queue only for the rest.
+    import alembic.command  # noqa: F401
+    import sqlalchemy.orm  # noqa: F401
+
     with file_lock(home, "instance-init"):
         return dg.DagsterInstance.get()
 
