@@ -22,6 +22,7 @@ SAMPLE_TYPES = ("packed_captioning", "packed_vqa", "packed_multi_mix_qa")
 PACKING_ALGORITHMS = ("best_fit_decreasing",)
 COMPRESSIONS = ("gzip", "zstd")  # implemented by vlm_assets.package.compression
 PACKAGE_PARTS = ("packed_wds", "frame_cache")
+SPECIAL_TOKENS_IN_TEXT = ("reject", "keep")
 DEFAULT_STORAGE_ROOT = "./vlm_data"
 DEFAULT_INBOX = "./vlm_inbox"
 
@@ -53,13 +54,21 @@ class SourceConfig:
     allowed_roots: tuple[Path, ...] = ()
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    # A sample whose text holds the processor's control tokens is rejected ("reject"), or counted
+    # as the processor counts it ("keep"); see vlm_assets.tokens.text.control_tokens_of.
+    special_tokens_in_text: str = "reject"
+
+    @property
+    def rejects_control_tokens(self) -> bool:
+        return self.special_tokens_in_text == "reject"
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    # `model.model_type` is accepted in the file but informational: the processor decides the model.
     processor: str = "embedded"
     processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    # When set, the loaded processor must be of this transformers model type (vlm_assets.tokens.profile).
+    model_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,7 +143,7 @@ _SECTION_KEYS = {
 }
 _TOP_KEYS = set(_SECTION_KEYS) | {"inbox", "inbox_require_ready_marker", "sources"}
 _SOURCE_KEYS = {"name", "kind", "path", "media_root", "sample_type", "weight", "subflavors",
-                "allowed_roots", "max_record_bytes", "max_json_depth"}
+                "allowed_roots", "max_record_bytes", "max_json_depth", "special_tokens_in_text"}
 # Subflavors the training mix sets itself on every source's blend entry.
 RESERVED_SUBFLAVORS = ("sample_type", "source")
 _ADD_SOURCES = (
@@ -247,11 +256,10 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
 
     # Defaults are the dataclasses' own (e.g. SampleConfig.max_token_len), written only there.
     model_data = sections["model"]
-    if "model_type" in model_data:  # informational (docs/formats.md §1), still type-checked
-        reader.string(model_data, "model_type", "model")
     model = ModelConfig(
         processor=reader.string(model_data, "processor", "model", ModelConfig.processor),
         processor_kwargs=dict(reader.mapping(model_data.get("processor_kwargs"), "model.processor_kwargs")),
+        model_type=reader.string(model_data, "model_type", "model") if "model_type" in model_data else None,
     )
     if model.processor != "embedded":
         processor_dir = reader.resolve(model.processor)
@@ -370,6 +378,8 @@ def _parse_sources(reader: _Reader, raw: Any, inbox_given: bool) -> tuple[Source
             allowed_roots=_allowed_roots(reader, data, key),
             max_record_bytes=reader.integer(data, "max_record_bytes", key, DEFAULT_MAX_RECORD_BYTES),
             max_json_depth=_max_json_depth(reader, data, key),
+            special_tokens_in_text=reader.choice(data, "special_tokens_in_text", key, SourceConfig.special_tokens_in_text,
+                                                 SPECIAL_TOKENS_IN_TEXT),
         ))
     if sources and not any(source.weight for source in sources):
         raise reader.fail("sources[*].weight", "every source has weight 0; at least one needs a positive weight")

@@ -32,7 +32,7 @@ from vlm_assets.layout import StorageLayout
 
 REVISIONS = {
     "sample_catalog": 3,
-    "sample_lengths": 1,
+    "sample_lengths": 2,
     "packing_bins": 1,
     "packed_json": 1,
     "packed_wds_shards": 1,
@@ -150,7 +150,8 @@ class Fingerprints:
         return self._of("sample_catalog", source, source_files_digest(self.sources[source], excluded))
 
     def _sample_lengths(self, source: str) -> str:
-        return self._of("sample_lengths", source, self.of("sample_catalog", source))
+        return self._of("sample_lengths", source, self.of("sample_catalog", source),
+                        self.sources[source].special_tokens_in_text)
 
     def _packing_bins(self, source: str) -> str:
         return self._of("packing_bins", source, self.of("sample_lengths", source), self._sample_type(source))

@@ -27,6 +27,10 @@ class StorageLayout:
     def lengths(self, source: str) -> Path:
         return self.root / "lengths" / f"{source}.parquet"
 
+    def lengths_failed_check(self, source: str) -> Path:
+        """Where a length table that failed `lengths_match_processor` is moved, for inspection."""
+        return self.root / "lengths" / f"{source}.failed-check.parquet"
+
     def bins(self, source: str) -> Path:
         return self.root / "packing" / f"{source}.bins.parquet"
 

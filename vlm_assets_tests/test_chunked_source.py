@@ -6,6 +6,7 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from pathlib import Path
 
 import dagster as dg
@@ -25,7 +26,7 @@ from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, ordered_map, step_proces
 from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
-from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, sample_ok_rows, write_length_table
+from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, rows_to_recheck, sample_kind, write_length_table
 from vlm_assets_tests.run_support import run
 
 MODEL = ModelConfig(processor_kwargs={"min_pixels": 3136, "max_pixels": 1003520})
@@ -101,9 +102,9 @@ def test_chunked_lengths_on_two_processes_equal_one_process_and_the_whole_source
 
     # Reference: every sample of the source counted in one call, no chunks.
     frame = pd.read_parquet(catalog)
-    counter = LengthCounter(shared_processor(MODEL), FRAME_CACHE)
+    counter = LengthCounter(shared_processor(MODEL), FRAME_CACHE)  # the exact path on every sample
     ok = frame[frame.status == STATUS_OK]
-    expected = counter.fast_many([
+    expected = counter.count([
         SampleForLength(row.sample_id, row.messages, list(row.media_kinds), list(row.media_refs))
         for row in ok.itertuples(index=False)
     ])
@@ -115,11 +116,17 @@ def test_chunked_lengths_on_two_processes_equal_one_process_and_the_whole_source
     assert rejected.reason.tolist() == frame[frame.status != STATUS_OK].reason.tolist()
     assert rejected.reason.str.contains("missing.jpg").sum() == 4
 
-    # The check's sample, read chunk by chunk, is the one a whole-table draw gives.
-    ok_table = table[table.status == STATUS_OK]
-    drawn = random.Random(0).sample(ok_table.sample_id.tolist(), 10)
-    assert sample_ok_rows(two, 10) == dict(zip(drawn, ok_table.set_index("sample_id").token_len[drawn].tolist()))
-    assert len(sample_ok_rows(two, 10_000)) == len(ok_table)
+    # The check's rows, read chunk by chunk: up to the asked number of ok rows of each kind, with their lengths.
+    ok_table = table[table.status == STATUS_OK].set_index("sample_id")
+    kinds = {row.sample_id: sample_kind(list(row.media_kinds)) for row in ok.itertuples()}
+    selection = rows_to_recheck(catalog, two, 3)
+    assert selection.catalog_ok == len(ok) and selection.processor_failure_count == 0
+    assert selection.ok_by_kind == Counter(kinds.values())
+    assert Counter(selection.kind_of.values()) == {kind: min(3, n) for kind, n in Counter(kinds.values()).items()}
+    assert selection.chosen == {sample_id: ok_table.token_len[sample_id] for sample_id in selection.chosen}
+    assert all(kinds[sample_id] == kind for sample_id, kind in selection.kind_of.items())
+    assert rows_to_recheck(catalog, two, 3).chosen == selection.chosen  # seeded
+    assert len(rows_to_recheck(catalog, two, 10_000).chosen) == len(ok_table)
 
 
 def test_step_processes_setting(monkeypatch):

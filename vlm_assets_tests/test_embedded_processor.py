@@ -53,6 +53,7 @@ def test_a_local_processor_directory_can_be_configured(tmp_path, demo_app):
     from vlm_assets.config import ModelConfig, parse_config
     from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
     from vlm_assets.tokens.processor import embedded_processor_dir, load_processor
+    from vlm_assets.tokens.profile import prove_fast_path
 
     local = tmp_path / "my-processor"
     shutil.copytree(embedded_processor_dir(), local)
@@ -65,6 +66,8 @@ def test_a_local_processor_directory_can_be_configured(tmp_path, demo_app):
     frame = build_catalog(demo_app.source("demo_images"))
     ok = frame[frame.status == "ok"]
     samples = [SampleForLength(r.sample_id, r.messages, list(r.media_kinds), list(r.media_refs)) for r in ok.itertuples()]
-    ours = LengthCounter(processor, demo_app.frame_cache).fast_many(samples)
-    assert ours == LengthCounter(reference, demo_app.frame_cache).fast_many(samples)
+    counters = [LengthCounter(loaded, demo_app.frame_cache, modalities=prove_fast_path(loaded, demo_app.frame_cache))
+                for loaded in (processor, reference)]
+    ours, theirs = (counter.count(samples) for counter in counters)
+    assert ours == theirs
     assert max(result.image_tokens for result in ours) <= 2 * 50176 // (28 * 28)

@@ -9,6 +9,7 @@ from PIL import Image
 from vlm_assets.catalog.build import build_catalog
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, measure_samples, oriented_image_size
+from vlm_assets.tokens.profile import prove_fast_path
 from vlm_assets.tokens.processor import embedded_processor_dir, processor_fingerprint
 from vlm_assets.tokens.text import SpecText, store_text_spec, stored_text_spec, text_spec_of
 
@@ -20,25 +21,32 @@ def samples_of(frame):
     return [SampleForLength(r.sample_id, r.messages, list(r.media_kinds), list(r.media_refs)) for r in ok.itertuples()]
 
 
+def proven(processor, frame_cache) -> LengthCounter:
+    """A counter whose fast path is on where its probes proved it, as `sample_lengths` loads it."""
+    return LengthCounter(processor, frame_cache, modalities=prove_fast_path(processor, frame_cache))
+
+
 def assert_fast_equals_exact(counter, samples):
-    fast = counter.fast_many(samples)
+    assert counter.modalities.fast_text and counter.modalities.fast_images and counter.modalities.fast_videos
+    fast = counter.count(samples)
     exact = [counter.exact(sample) for sample in samples]
     assert [r.sample_id for r in fast] == [s.sample_id for s in samples]
     for f, e in zip(fast, exact):
         assert (f.status, f.token_len, f.image_tokens, f.video_tokens) == (e.status, e.token_len, e.image_tokens, e.video_tokens), f.sample_id
     # Chunk processes measure with the text spec alone, without the processor: the same lengths.
     without_processor = SpecText(text_spec_of(counter.processor))
-    assert [counter.complete(measured) for measured in measure_samples(samples, without_processor)] == fast
+    measured = measure_samples(samples, without_processor, counter.modalities)
+    assert [counter.complete(one) for one in measured] == fast
     return fast
 
 
 def test_fast_equals_exact_on_every_demo_sample(demo_app, processor):
-    counter = LengthCounter(processor, demo_app.frame_cache)
+    counter = proven(processor, demo_app.frame_cache)
     for source in demo_app.sources:
         samples = samples_of(build_catalog(source, "messages"))
         results = assert_fast_equals_exact(counter, samples)
         assert all(r.status == "ok" and r.token_len > 0 for r in results)
-    video = {r.sample_id: r for r in counter.fast_many(samples_of(build_catalog(demo_app.source("demo_video"))))}
+    video = {r.sample_id: r for r in counter.count(samples_of(build_catalog(demo_app.source("demo_video"))))}
     assert video["demo_video/v1"].video_tokens == 6272  # 64 frames of 384² -> 32 × 28 × 28 / 4
 
 
@@ -62,7 +70,7 @@ def test_fast_equals_exact_on_real_images_and_videos(tmp_path, shared_data, proc
              "videos": [str(shared_data / video)]}))
     samples = samples_of(build_catalog(SourceConfig("real", "flat_dir", tmp_path, tmp_path, allowed_roots=(shared_data,))))
     assert len(samples) == len(images) + len(videos)
-    counter = LengthCounter(processor, SMALL_CLIPS)
+    counter = proven(processor, SMALL_CLIPS)
     assert_fast_equals_exact(counter, samples)
 
 
@@ -74,7 +82,7 @@ def test_exif_orientation_swaps_header_size(shared_data, processor):
 
 
 def test_exif_rotated_demo_image_counts_as_displayed(demo_app, processor):
-    counter = LengthCounter(processor, demo_app.frame_cache)
+    counter = proven(processor, demo_app.frame_cache)
     rotated = str(demo_app.sources[0].path / "0009.jpg")
     assert oriented_image_size(rotated) == (640, 360)  # stored 640×360, EXIF 6 -> displayed portrait
     assert counter.image_tokens(rotated) == processor.image_processor.get_number_of_image_patches(640, 360, {}) // 4
@@ -85,8 +93,8 @@ def test_unprocessable_image_is_a_rejected_row_in_both_paths(tmp_path, processor
     (tmp_path / "thin.json").write_text(json.dumps(
         {"messages": [{"role": "user", "content": "<image>?"}], "images": ["thin.png"]}))
     samples = samples_of(build_catalog(SourceConfig("t", "flat_dir", tmp_path, tmp_path)))
-    counter = LengthCounter(processor, SMALL_CLIPS)
-    fast, exact = counter.fast_many(samples)[0], counter.exact(samples[0])
+    counter = proven(processor, SMALL_CLIPS)
+    fast, exact = counter.count(samples)[0], counter.exact(samples[0])
     assert fast.status == exact.status == "rejected"
     assert "aspect ratio" in fast.reason
 
@@ -97,7 +105,7 @@ def test_processor_kwargs_change_image_budget(demo_app, kwargs):
     from vlm_assets.tokens.processor import load_processor
 
     small = load_processor(ModelConfig(processor_kwargs=kwargs))
-    counter = LengthCounter(small, demo_app.frame_cache)
+    counter = proven(small, demo_app.frame_cache)
     samples = samples_of(build_catalog(demo_app.source("demo_images")))
     results = assert_fast_equals_exact(counter, samples)
     assert max(r.image_tokens for r in results) <= 2 * 200704 // (28 * 28)
@@ -123,7 +131,7 @@ def test_png_orientation_stored_after_pixels_is_honoured(tmp_path, processor):
         {"messages": [{"role": "user", "content": "<image>?"}], "images": ["late.png"]}))
     assert oriented_image_size(str(tmp_path / "late.png")) == (300, 120)
     samples = samples_of(build_catalog(SourceConfig("png", "flat_dir", tmp_path, tmp_path)))
-    assert_fast_equals_exact(LengthCounter(processor, SMALL_CLIPS), samples)
+    assert_fast_equals_exact(proven(processor, SMALL_CLIPS), samples)
 
 
 def test_text_spec_is_kept_per_processor_and_refused_when_the_processor_renders_differently(tmp_path):

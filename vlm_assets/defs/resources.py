@@ -26,7 +26,9 @@ FINGERPRINT_KEY = "fingerprint"
 def versioned(metadata: dict[str, Any], fingerprint: str) -> dict[str, Any]:
     """MaterializeResult arguments that record `fingerprint` as data version and in the metadata."""
     return {"metadata": {**metadata, FINGERPRINT_KEY: fingerprint}, "data_version": dg.DataVersion(fingerprint)}
+from vlm_assets.tokens.lengths import LengthCounter
 from vlm_assets.tokens.processor import processor_fingerprint, shared_processor
+from vlm_assets.tokens.profile import length_counter
 
 
 class VlmConfig(dg.ConfigurableResource):
@@ -87,6 +89,11 @@ class HFProcessor(dg.ConfigurableResource):
     def load(self) -> Any:
         model = self.vlm_config.app.model
         return shared_processor(model)
+
+    def length_counter(self, source: SourceConfig) -> LengthCounter:
+        """The processor's length counter for `source`, its fast path proven (vlm_assets.tokens.profile)."""
+        app = self.vlm_config.app
+        return length_counter(app.model, app.frame_cache, source.rejects_control_tokens)
 
     def fingerprint(self) -> str:
         return processor_fingerprint(self.vlm_config.app.model)

@@ -1,11 +1,15 @@
 """Exact token lengths: the length of `input_ids` the processor returns for a sample (docs/formats.md).
 
-Two paths that must agree on every sample:
-- exact: render the chat template, load images as `transformers.image_utils.load_image` does,
-  decode videos to the frames the trainer sees, and call the processor;
-- fast: image sizes from file headers (EXIF orientation applied), the video token count of
-  one frame-cache-shaped clip (computed once with the real video processor), and batched
-  tokenisation of the template rendered with a single pad token per media item.
+The exact path calls the processor as a trainer does: the chat template rendered by the processor,
+a sample's images loaded as `transformers.image_utils.load_image` does and passed as one group
+(so multi-image modes apply), each video as the frame cache's frames with the processor's own frame
+sampling off and the clip's metadata (fps, frame count, the cache's frame indices) alongside.
+
+The fast path counts without pixels: image sizes from file headers (EXIF orientation applied) and
+the image processor's own patch arithmetic, one frame-cache-shaped clip's video token count, and
+batched tokenisation of the template rendered with a single placeholder token per media item. It
+is used per family and modality only where probes proved it equal to the exact path
+(vlm_assets.tokens.profile); every other sample goes through the exact path.
 
 The fast path runs in two stages: `measure_samples` needs only the text (vlm_assets.tokens.text)
 and the files, so it runs where the processor is not loaded; `LengthCounter.complete` turns image
@@ -26,12 +30,16 @@ from vlm_assets.catalog.media import open_media
 from vlm_assets.catalog.messages import split_on_placeholders
 from vlm_assets.catalog.schema import STATUS_OK, STATUS_REJECTED
 from vlm_assets.config import FrameCacheConfig
-from vlm_assets.tokens.text import ProcessorText, TextCounter
+from vlm_assets.frames.probe import SampledFrames
+from vlm_assets.tokens.text import ProcessorText, TextCounter, control_token_in
 
 EXIF_ORIENTATION_TAG = 0x0112
 ORIENTATIONS_THAT_SWAP_AXES = frozenset({5, 6, 7, 8})
+# Reason prefix of a sample the processor call itself refused (not its media, text or template):
+# `lengths_match_processor` fails on such rows, since they point at the processor or at this code.
+PROCESSOR_CALL_FAILED = "processor call failed"
 
-VideoFrameLoader = Callable[[str, FrameCacheConfig], np.ndarray]
+VideoFrameLoader = Callable[[str, FrameCacheConfig], tuple[SampledFrames, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,39 @@ class MeasuredSample:
     error: str = ""  # why the text or an image could not be measured: the sample's rejection reason
 
 
+@dataclass(frozen=True)
+class Modalities:
+    """What a processor takes, and which of it the fast path counts (proven by vlm_assets.tokens.profile)."""
+
+    processor_class: str
+    takes_images: bool
+    takes_videos: bool
+    fast_text: bool = False
+    fast_images: bool = False
+    fast_videos: bool = False
+
+    def refusal(self, media_kinds: Sequence[str]) -> str:
+        """Why the processor cannot count a sample with these media ("" when it can)."""
+        for kind, takes in (("image", self.takes_images), ("video", self.takes_videos)):
+            if kind in media_kinds and not takes:
+                return f"processor {self.processor_class} takes no {kind}"
+        return ""
+
+    def counts_fast(self, media_kinds: Sequence[str]) -> bool:
+        return (self.fast_text
+                and (self.fast_images or "image" not in media_kinds)
+                and (self.fast_videos or "video" not in media_kinds))
+
+
+def modalities_of(processor: Any) -> Modalities:
+    """The modalities a loaded processor takes; the fast path is off until proven."""
+    return Modalities(
+        type(processor).__name__,
+        takes_images=getattr(processor, "image_processor", None) is not None,
+        takes_videos=getattr(processor, "video_processor", None) is not None,
+    )
+
+
 def chat_conversation(messages_json: str) -> list[dict[str, Any]]:
     """Catalogue messages as the structured conversation HF chat templates expect."""
     return [
@@ -76,7 +117,12 @@ def chat_conversation(messages_json: str) -> list[dict[str, Any]]:
     ]
 
 
+def text_refusal(conversation: list[dict[str, Any]], text: TextCounter, reject_control_tokens: bool) -> str:
+    return control_token_in(conversation, text.control_tokens) if reject_control_tokens else ""
+
+
 def supports_fast_path(processor: Any) -> bool:
+    """Whether the processor has the arithmetic the fast path uses (whether it is right, probes tell)."""
     image_processor = getattr(processor, "image_processor", None)
     return (
         hasattr(processor, "image_token")
@@ -86,12 +132,26 @@ def supports_fast_path(processor: Any) -> bool:
     )
 
 
-def decode_video_frames(ref: str, settings: FrameCacheConfig) -> np.ndarray:
-    """The frames a trainer sees for a video: the frame cache's sampled frames at frame_size²."""
+def decode_video_frames(ref: str, settings: FrameCacheConfig) -> tuple[SampledFrames, np.ndarray]:
+    """The frames a trainer sees for a video: the frame cache's sampled frames at frame_size², and which they are."""
     from vlm_assets.frames.decode import decode_sampled_frames
 
-    _, frames = decode_sampled_frames(ref, settings.num_frames, settings.frame_size)
-    return np.stack(frames)
+    sampled, frames = decode_sampled_frames(ref, settings.num_frames, settings.frame_size)
+    return sampled, np.stack(frames)
+
+
+def video_metadata(sampled: SampledFrames, frame_size: int) -> Any:
+    """The clip's metadata as transformers' video processors take it (Qwen3-VL prints timestamps from it)."""
+    from transformers.video_utils import VideoMetadata
+
+    return VideoMetadata(
+        total_num_frames=sampled.total_frames,
+        fps=sampled.fps or None,
+        width=frame_size,
+        height=frame_size,
+        duration=sampled.total_frames / sampled.fps if sampled.fps else None,
+        frames_indices=list(sampled.frame_indices),
+    )
 
 
 class LengthCounter:
@@ -100,10 +160,14 @@ class LengthCounter:
         processor: Any,
         frame_cache: FrameCacheConfig,
         video_loader: VideoFrameLoader = decode_video_frames,
+        modalities: Modalities | None = None,
+        reject_control_tokens: bool = True,
     ) -> None:
         self.processor = processor
         self.frame_cache = frame_cache
         self.video_loader = video_loader
+        self.modalities = modalities or modalities_of(processor)
+        self.reject_control_tokens = reject_control_tokens
         self.text = ProcessorText(processor)
         self._tokens_by_size: dict[tuple[int, int], int] = {}
 
@@ -111,21 +175,18 @@ class LengthCounter:
     def render(self, messages_json: str) -> str:
         return self.text.render(chat_conversation(messages_json))
 
-    def _pad_ids(self) -> tuple[int, int]:
-        tokenizer = self.processor.tokenizer
-        return (
-            tokenizer.convert_tokens_to_ids(self.processor.image_token),
-            tokenizer.convert_tokens_to_ids(self.processor.video_token),
-        )
-
-    def _split_counts(self, sample_id: str, input_ids: Sequence[int]) -> LengthResult:
-        image_pad, video_pad = self._pad_ids()
-        ids = np.asarray(input_ids)
-        image_tokens = int(np.count_nonzero(ids == image_pad))
-        video_tokens = int(np.count_nonzero(ids == video_pad))
-        return LengthResult(
-            sample_id, STATUS_OK, "", len(ids), len(ids) - image_tokens - video_tokens, image_tokens, video_tokens
-        )
+    def _split_counts(self, sample: SampleForLength, input_ids: Sequence[int]) -> LengthResult:
+        """The length, split by what the processor's image and video token ids mark (text: the rest)."""
+        ids = np.asarray(input_ids).reshape(-1)
+        image_ids = [i for i in self.processor.image_token_ids if i is not None] if self.modalities.takes_images else []
+        video_ids = [i for i in self.processor.video_token_ids if i is not None] if self.modalities.takes_videos else []
+        image_tokens = int(np.isin(ids, image_ids).sum())
+        video_tokens = int(np.isin(ids, [i for i in video_ids if i not in image_ids]).sum())
+        # A family may spell video frames with its image tokens (InternVL): in a sample without images they are video.
+        if "image" not in sample.media_kinds:
+            image_tokens, video_tokens = 0, image_tokens + video_tokens
+        return LengthResult(sample.sample_id, STATUS_OK, "", len(ids), len(ids) - image_tokens - video_tokens,
+                            image_tokens, video_tokens)
 
     # ---- exact path ---------------------------------------------------------------------
     def exact(self, sample: SampleForLength) -> LengthResult:
@@ -133,20 +194,50 @@ class LengthCounter:
         from transformers.image_utils import load_image
 
         try:
-            text = self.render(sample.messages)
-            images, videos = [], []
+            conversation = chat_conversation(sample.messages)
+            refusal = (self.modalities.refusal(sample.media_kinds)
+                       or text_refusal(conversation, self.text, self.reject_control_tokens))
+            if refusal:
+                return LengthResult.rejected(sample.sample_id, refusal)
+            text = self.text.render(conversation)
+            images, videos, metadata = [], [], []
             for kind, ref in zip(sample.media_kinds, sample.media_refs):
                 if kind == "image":
                     with open_media(ref) as handle:
                         images.append(load_image(Image.open(handle)))
                 else:
-                    videos.append(self.video_loader(ref, self.frame_cache))
-            encoded = self.processor(
-                text=[text], images=images or None, videos=videos or None, return_tensors=None
-            )
-        except Exception as error:  # the processor raises ValueError, OSError, RuntimeError...
+                    sampled, frames = self.video_loader(ref, self.frame_cache)
+                    videos.append(frames)
+                    metadata.append(video_metadata(sampled, self.frame_cache.frame_size))
+        except Exception as error:  # a template, a file or a decoder refusing the sample
             return LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error}")
-        return self._split_counts(sample.sample_id, encoded["input_ids"][0])
+        video_kwargs = {"do_sample_frames": False, "video_metadata": metadata} if videos else {}
+        try:
+            # Tensors: some families (InternVL) assemble video pixels from tensors only.
+            encoded = self.processor(
+                text=[text], images=[images] if images else None, videos=videos or None, return_tensors="pt",
+                **video_kwargs,
+            )
+        except Exception as error:
+            return LengthResult.rejected(sample.sample_id, self._call_failure(error, sample, images, videos, metadata))
+        return self._split_counts(sample, encoded["input_ids"][0])
+
+    def _call_failure(self, error: Exception, sample: SampleForLength, images: list, videos: list, metadata: list) -> str:
+        """Why the processor call failed: a media item its image or video processor refuses alone, else the call."""
+        image_refs = [ref for ref, kind in zip(sample.media_refs, sample.media_kinds) if kind == "image"]
+        video_refs = [ref for ref, kind in zip(sample.media_refs, sample.media_kinds) if kind == "video"]
+        for ref, image in zip(image_refs, images):
+            try:
+                self.processor.image_processor(images=[image], return_tensors="pt")
+            except Exception as media_error:
+                return f"{type(media_error).__name__}: {media_error} (image {ref})"
+        for ref, clip, clip_metadata in zip(video_refs, videos, metadata):
+            try:
+                self.processor.video_processor(videos=[clip], do_sample_frames=False, video_metadata=[clip_metadata],
+                                               return_tensors="pt")
+            except Exception as media_error:
+                return f"{type(media_error).__name__}: {media_error} (video {ref})"
+        return f"{PROCESSOR_CALL_FAILED} ({self.modalities.processor_class}): {type(error).__name__}: {error}"
 
     # ---- fast path ----------------------------------------------------------------------
     def image_tokens(self, ref: str) -> int:
@@ -163,12 +254,17 @@ class LengthCounter:
     def video_tokens_per_clip(self) -> int:
         return _video_tokens_for_shape(self.processor, self.frame_cache.num_frames, self.frame_cache.frame_size)
 
-    def fast_many(self, samples: Sequence[SampleForLength], batch_size: int = 256) -> list[LengthResult]:
-        if not supports_fast_path(self.processor):
-            return [self.exact(sample) for sample in samples]
+    def count(self, samples: Sequence[SampleForLength], batch_size: int = 256) -> list[LengthResult]:
+        """Each sample's length: the fast path where it is proven for the sample's modalities, else the exact path."""
         results: list[LengthResult] = []
         for start in range(0, len(samples), batch_size):
-            results.extend(map(self.complete, measure_samples(samples[start:start + batch_size], self.text)))
+            batch = samples[start:start + batch_size]
+            fast = [sample for sample in batch if self.modalities.counts_fast(sample.media_kinds)]
+            measured = iter(measure_samples(fast, self.text, self.modalities, self.reject_control_tokens))
+            results.extend(
+                self.complete(next(measured)) if self.modalities.counts_fast(sample.media_kinds) else self.exact(sample)
+                for sample in batch
+            )
         return results
 
     def complete(self, measured: MeasuredSample) -> LengthResult:
@@ -186,16 +282,23 @@ class LengthCounter:
         )
 
 
-def measure_samples(samples: Sequence[SampleForLength], text: TextCounter) -> list[MeasuredSample]:
+def measure_samples(
+    samples: Sequence[SampleForLength], text: TextCounter, modalities: Modalities, reject_control_tokens: bool = True
+) -> list[MeasuredSample]:
     """Each sample's text tokens (its template rendered with one pad token per media item) and media shapes."""
     results: list[MeasuredSample | None] = [None] * len(samples)
     rendered: list[tuple[int, str, tuple[tuple[int, int], ...], int]] = []  # (index, text, image sizes, videos)
     for index, sample in enumerate(samples):
         try:
+            conversation = chat_conversation(sample.messages)
+            refusal = modalities.refusal(sample.media_kinds) or text_refusal(conversation, text, reject_control_tokens)
+            if refusal:
+                results[index] = MeasuredSample(sample.sample_id, 0, (), 0, refusal)
+                continue
             sizes = tuple(oriented_image_size(ref) for kind, ref in zip(sample.media_kinds, sample.media_refs)
                           if kind == "image")
             videos = sum(1 for kind in sample.media_kinds if kind == "video")
-            rendered.append((index, text.render(chat_conversation(sample.messages)), sizes, videos))
+            rendered.append((index, text.render(conversation), sizes, videos))
         except Exception as error:  # same failure classes as the exact path
             results[index] = MeasuredSample(sample.sample_id, 0, (), 0, f"{type(error).__name__}: {error}")
     counts = text.token_counts([prompt for _index, prompt, _sizes, _videos in rendered]) if rendered else []
@@ -247,5 +350,5 @@ def _png_metadata_after_pixels(ref: str) -> bool:
 @lru_cache(maxsize=16)
 def _video_tokens_for_shape(processor: Any, num_frames: int, frame_size: int) -> int:
     clip = np.zeros((num_frames, frame_size, frame_size, 3), dtype=np.uint8)
-    grid = processor.video_processor(videos=[clip], return_tensors="np")["video_grid_thw"][0]
+    grid = processor.video_processor(videos=[clip], do_sample_frames=False, return_tensors="np")["video_grid_thw"][0]
     return int(np.prod(grid)) // processor.video_processor.merge_size**2

@@ -5,9 +5,11 @@ source of any size needs memory for a few chunks only (plus one integer per ok s
 summary). Chunks go to worker processes in order and come back in order: the table has the
 same rows, in the same order, whatever the number of processes.
 
-Chunk processes measure samples (text tokens, image sizes) without the processor once its text
-spec is on disk (vlm_assets.tokens.text), so they count from the first second; this process loads
-the processor meanwhile, in a thread, and turns the measurements into token lengths.
+Chunk processes measure the samples the fast path counts (text tokens, image sizes) without the
+processor once its text spec and profile are on disk (vlm_assets.tokens.text, .profile), so they
+count from the first second; this process loads the processor meanwhile, in a thread, and turns
+the measurements into token lengths. Samples of a modality the fast path is not proven for are
+counted by the exact path in the chunk processes themselves, so that work is split over them too.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import astuple, dataclass
+from collections import Counter
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
@@ -29,15 +31,16 @@ from vlm_assets.config import FrameCacheConfig, ModelConfig
 from vlm_assets.parallel import ordered_map
 from vlm_assets.parquet_batches import parquet_batches, parquet_rows
 from vlm_assets.tokens.lengths import (
+    PROCESSOR_CALL_FAILED,
     LengthCounter,
     LengthResult,
     MeasuredSample,
+    Modalities,
     SampleForLength,
     measure_samples,
-    supports_fast_path,
 )
-from vlm_assets.tokens.processor import shared_processor
-from vlm_assets.tokens.text import SpecText, TextCounter, store_text_spec, stored_text_spec, text_spec_of
+from vlm_assets.tokens.profile import length_counter, stored_modalities
+from vlm_assets.tokens.text import SpecText, TextCounter, stored_text_spec
 
 LENGTH_CHUNK_ROWS = 2048
 CATALOG_COLUMNS_READ = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs"]
@@ -48,11 +51,6 @@ LENGTH_SCHEMA = pa.schema(
 # (rows done, rows in the catalogue)
 LengthProgress = Callable[[int, int], None]
 
-# This process's way of measuring a chunk's samples, set up by _start_measuring: text without the
-# processor (or with it), or, for a processor without the fast path, the exact counter.
-_text: TextCounter | None = None
-_exact: LengthCounter | None = None
-
 
 @dataclass(frozen=True)
 class LengthTableSummary:
@@ -61,41 +59,66 @@ class LengthTableSummary:
     ok_token_lens: np.ndarray  # token_len of every ok row, in table order
 
 
-def _start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig) -> None:
-    global _text, _exact
-    spec = stored_text_spec(model)
-    if spec is not None:
-        _text, _exact = SpecText(spec), None
-        return
-    counter = LengthCounter(shared_processor(model), frame_cache)
-    if supports_fast_path(counter.processor):
-        _text, _exact = counter.text, None
-    else:
-        _text, _exact = None, counter
+class _ChunkMeasurer:
+    """How this process measures a chunk's samples, set up by _start_measuring.
+
+    Samples the fast path counts are measured with the text alone (the stored text spec, no
+    processor), to be completed where the processor is loaded; the others are counted here by
+    the exact path, with the processor loaded on the first such sample.
+    """
+
+    def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool) -> None:
+        self.model, self.frame_cache, self.reject_control_tokens = model, frame_cache, reject_control_tokens
+        spec, modalities = stored_text_spec(model), stored_modalities(model, frame_cache)
+        self._exact: LengthCounter | None = None
+        if spec is None or modalities is None:
+            self._exact = length_counter(model, frame_cache, reject_control_tokens)
+        self.text: TextCounter = SpecText(spec) if spec is not None else self.exact_counter().text
+        self.modalities: Modalities = modalities if modalities is not None else self.exact_counter().modalities
+
+    def exact_counter(self) -> LengthCounter:
+        if self._exact is None:
+            self._exact = length_counter(self.model, self.frame_cache, self.reject_control_tokens)
+        return self._exact
+
+    def measure(self, catalog_rows: list[dict]) -> list[LengthResult | MeasuredSample]:
+        ok_samples = [
+            SampleForLength(row["sample_id"], row["messages"], row["media_kinds"], row["media_refs"])
+            for row in catalog_rows if row["status"] == STATUS_OK
+        ]
+        fast = [sample for sample in ok_samples if self.modalities.counts_fast(sample.media_kinds)]
+        measured = iter(measure_samples(fast, self.text, self.modalities, self.reject_control_tokens))
+        ok = iter(ok_samples)
+        results: list[LengthResult | MeasuredSample] = []
+        # Every ok sample is answered, in order; a catalogue reject keeps its reason.
+        for row in catalog_rows:
+            if row["status"] != STATUS_OK:
+                results.append(LengthResult.rejected(row["sample_id"], row["reason"]))
+                continue
+            sample = next(ok)
+            fast_path = self.modalities.counts_fast(sample.media_kinds)
+            results.append(next(measured) if fast_path else self.exact_counter().exact(sample))
+        return results
+
+
+_measurer: _ChunkMeasurer | None = None
+
+
+def _start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool) -> None:
+    global _measurer
+    _measurer = _ChunkMeasurer(model, frame_cache, reject_control_tokens)
 
 
 def _measure_rows(catalog_rows: list[dict]) -> list[LengthResult | MeasuredSample]:
-    ok_samples = [
-        SampleForLength(row["sample_id"], row["messages"], row["media_kinds"], row["media_refs"])
-        for row in catalog_rows if row["status"] == STATUS_OK
-    ]
-    if _text is not None:
-        measured = iter(measure_samples(ok_samples, _text))
-    else:
-        assert _exact is not None, "_start_measuring runs first in every process"
-        measured = iter([_exact.exact(sample) for sample in ok_samples])
-    # Every ok sample is answered, in order; a catalogue reject keeps its reason.
-    return [
-        next(measured) if row["status"] == STATUS_OK else LengthResult.rejected(row["sample_id"], row["reason"])
-        for row in catalog_rows
-    ]
+    assert _measurer is not None, "_start_measuring runs first in every process"
+    return _measurer.measure(catalog_rows)
 
 
 class _CounterLoad:
     """This process's LengthCounter, loaded in a thread while chunks are measured; keeps the text spec."""
 
-    def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig) -> None:
-        self._model, self._frame_cache = model, frame_cache
+    def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool) -> None:
+        self._args = (model, frame_cache, reject_control_tokens)
         self._counter: LengthCounter | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._load, name="processor-load", daemon=True)
@@ -103,12 +126,7 @@ class _CounterLoad:
 
     def _load(self) -> None:
         try:
-            counter = LengthCounter(shared_processor(self._model), self._frame_cache)
-            if supports_fast_path(counter.processor):
-                counter.video_tokens_per_clip  # computed once, here, off the counting path
-                if stored_text_spec(self._model) is None and (spec := text_spec_of(counter.processor)) is not None:
-                    store_text_spec(self._model, spec)
-            self._counter = counter
+            self._counter = length_counter(*self._args)
         except BaseException as error:  # re-raised where the counter is needed
             self._error = error
 
@@ -131,6 +149,7 @@ def write_length_table(
     processes: int = 1,
     progress: LengthProgress | None = None,
     chunk_rows: int = LENGTH_CHUNK_ROWS,
+    reject_control_tokens: bool = True,
 ) -> LengthTableSummary:
     """Write the length table of the catalogue at `catalog` to `target` (atomically)."""
     total = parquet_rows(catalog)
@@ -138,7 +157,7 @@ def write_length_table(
     # A pool costs a start-up (a processor load where no text spec is stored); one chunk is not worth it.
     processes = processes if total > chunk_rows else 1
     done, ok_lengths = 0, []
-    load = _CounterLoad(model, frame_cache)
+    load = _CounterLoad(model, frame_cache, reject_control_tokens)
     # Chunks measured while the processor loads wait here (seconds' worth), so the pool stays fed.
     measured_chunks: list[list[LengthResult | MeasuredSample]] = []
     with atomic_path(target) as tmp, pq.ParquetWriter(tmp, LENGTH_SCHEMA) as writer:
@@ -156,7 +175,8 @@ def write_length_table(
                 progress(done, total)
 
         # The load is Python (imports) and needs this process's interpreter: measuring here would halve its pace.
-        for chunk in ordered_map(_measure_rows, chunks, processes, _start_measuring, (model, frame_cache),
+        for chunk in ordered_map(_measure_rows, chunks, processes, _start_measuring,
+                                 (model, frame_cache, reject_control_tokens),
                                  may_work_here=load.ready):
             measured_chunks.append(chunk)
             if load.ready():
@@ -168,24 +188,66 @@ def write_length_table(
     return LengthTableSummary(total, processes, np.concatenate(ok_lengths) if ok_lengths else np.zeros(0, dtype=np.int64))
 
 
-def sample_ok_rows(lengths: Path, count: int, seed: int = 0) -> dict[str, int]:
-    """`count` ok rows of a length table, chosen at random (`seed`): sample id -> stored token_len.
+def sample_kind(media_kinds: list[str]) -> str:
+    """The kind of row `lengths_match_processor` samples separately."""
+    images, videos = media_kinds.count("image"), media_kinds.count("video")
+    if images and videos:
+        return "mixed"
+    if videos:
+        return "video"
+    return {0: "text", 1: "single_image"}.get(images, "multi_image")
 
-    The table is read a chunk at a time, twice (to count the ok rows, then to pick them), so
-    memory does not grow with the source. The choice equals `random.Random(seed).sample` of the
-    list of ok sample ids.
+
+SAMPLE_KINDS = ("text", "single_image", "multi_image", "video", "mixed")
+
+
+@dataclass
+class RecheckSelection:
+    """Rows of a length table chosen for recomputation, and what the table says about itself."""
+
+    chosen: dict[str, int] = field(default_factory=dict)  # sample id -> stored token_len
+    kind_of: dict[str, str] = field(default_factory=dict)  # sample id -> sample_kind
+    catalog_ok: int = 0  # rows the catalogue accepted
+    ok_by_kind: Counter[str] = field(default_factory=Counter)
+    processor_failures: list[dict[str, str]] = field(default_factory=list)  # a few rows the processor call refused
+    processor_failure_count: int = 0
+
+
+def rows_to_recheck(catalog: Path, lengths: Path, per_kind: int, seed: int = 0) -> RecheckSelection:
+    """Up to `per_kind` ok rows of each sample kind, chosen at random (`seed`), read a chunk at a time.
+
+    The catalogue and the length table have the same rows in the same order, so they are read
+    side by side; reservoir sampling keeps memory to the chosen rows whatever the source's size.
     """
-    ok_rows = sum(
-        pc.sum(pc.equal(batch.column(0), STATUS_OK)).as_py() or 0
-        for batch in parquet_batches(lengths, ["status"], LENGTH_CHUNK_ROWS * 8)
-    )
-    wanted = set(random.Random(seed).sample(range(ok_rows), min(count, ok_rows)))
-    chosen: dict[str, int] = {}
-    rank = 0
-    for batch in parquet_batches(lengths, ["sample_id", "status", "token_len"], LENGTH_CHUNK_ROWS * 8):
-        for sample_id, status, token_len in zip(*(column.to_pylist() for column in batch.columns)):
-            if status == STATUS_OK:
-                if rank in wanted:
-                    chosen[sample_id] = token_len
-                rank += 1
-    return chosen
+    rng = random.Random(seed)
+    selection = RecheckSelection()
+    reservoirs: dict[str, list[tuple[str, int]]] = {kind: [] for kind in SAMPLE_KINDS}
+    batch_rows = LENGTH_CHUNK_ROWS * 8
+    catalog_batches = parquet_batches(catalog, ["sample_id", "status", "media_kinds"], batch_rows)
+    length_batches = parquet_batches(lengths, ["sample_id", "status", "reason", "token_len"], batch_rows)
+    for catalog_batch, length_batch in zip(catalog_batches, length_batches, strict=True):
+        catalog_rows = catalog_batch.to_pylist()
+        for row, (sample_id, status, reason, token_len) in zip(
+            catalog_rows, zip(*(column.to_pylist() for column in length_batch.columns)), strict=True
+        ):
+            if row["sample_id"] != sample_id:
+                raise ValueError(f"{lengths}: row {sample_id!r} stands where the catalogue has {row['sample_id']!r}")
+            selection.catalog_ok += row["status"] == STATUS_OK
+            if reason.startswith(PROCESSOR_CALL_FAILED):
+                selection.processor_failure_count += 1
+                if len(selection.processor_failures) < 5:
+                    selection.processor_failures.append({"sample_id": sample_id, "reason": reason})
+            if status != STATUS_OK:
+                continue
+            kind = sample_kind(row["media_kinds"])
+            selection.ok_by_kind[kind] += 1
+            seen, reservoir = selection.ok_by_kind[kind], reservoirs[kind]
+            if len(reservoir) < per_kind:
+                reservoir.append((sample_id, token_len))
+            elif (slot := rng.randrange(seen)) < per_kind:
+                reservoir[slot] = (sample_id, token_len)
+    for kind, reservoir in reservoirs.items():
+        for sample_id, token_len in reservoir:
+            selection.chosen[sample_id] = token_len
+            selection.kind_of[sample_id] = kind
+    return selection

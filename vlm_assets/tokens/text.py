@@ -11,8 +11,10 @@ per processor fingerprint, so chunk processes of later steps start counting at o
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +22,7 @@ from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import ModelConfig
 from vlm_assets.tokens.processor import default_cache_dir, import_transformers, processor_fingerprint
 
-TEXT_SPEC_VERSION = 1
+TEXT_SPEC_VERSION = 2
 Conversation = list[dict[str, Any]]
 
 # Conversations on which the spec must render and count exactly as the processor does.
@@ -37,6 +39,8 @@ PROBE_CONVERSATIONS: tuple[Conversation, ...] = (
 
 
 class TextCounter(Protocol):
+    control_tokens: tuple[str, ...]
+
     def render(self, conversation: Conversation) -> str: ...
 
     def token_counts(self, texts: Sequence[str]) -> list[int]: ...
@@ -47,6 +51,7 @@ class ProcessorText:
 
     def __init__(self, processor: Any) -> None:
         self.processor = processor
+        self.control_tokens = control_tokens_of(processor)
 
     def render(self, conversation: Conversation) -> str:
         return self.processor.apply_chat_template(conversation, tokenize=False)
@@ -62,6 +67,7 @@ class TextSpec:
     tokenizer_json: str
     chat_template: str
     template_kwargs: dict[str, Any]  # the tokenizer's special tokens, as apply_chat_template passes them
+    control_tokens: tuple[str, ...]  # see control_tokens_of
 
 
 class SpecText:
@@ -72,6 +78,7 @@ class SpecText:
 
         import_transformers()  # its Jinja renderer; a processor may be loading in another thread
         self.spec = spec
+        self.control_tokens = tuple(spec.control_tokens)
         self._tokenizer = Tokenizer.from_str(spec.tokenizer_json)
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
@@ -94,16 +101,14 @@ def text_spec_of(processor: Any) -> TextSpec | None:
     """The processor's text spec, or None when it cannot stand in for the processor exactly."""
     tokenizer = getattr(processor, "tokenizer", None)
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    template = getattr(processor, "chat_template", None)
-    if isinstance(template, dict):
-        template = template.get("default")
-    if backend is None or not isinstance(template, str):
+    template = chat_template_of(processor) if tokenizer is not None else ""
+    if backend is None or not template:
         return None
     template_kwargs = dict(tokenizer.special_tokens_map)
     if not all(isinstance(value, str) or (isinstance(value, list) and all(isinstance(item, str) for item in value))
                for value in template_kwargs.values()):
         return None
-    spec = TextSpec(backend.to_str(), template, template_kwargs)
+    spec = TextSpec(backend.to_str(), template, template_kwargs, control_tokens_of(processor))
     try:
         ours, theirs = SpecText(spec), ProcessorText(processor)
         for conversation in PROBE_CONVERSATIONS:
@@ -115,6 +120,53 @@ def text_spec_of(processor: Any) -> TextSpec | None:
     return spec
 
 
+def chat_template_of(processor: Any) -> str:
+    template = getattr(processor, "chat_template", None) or getattr(processor.tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    return template if isinstance(template, str) else ""
+
+
+def control_tokens_of(processor: Any) -> tuple[str, ...]:
+    """The strings a sample's own text must not hold: they would act as markup, not as text.
+
+    These are the tokenizer's special tokens (role markers, vision markers, media placeholders)
+    and its other added tokens that the chat template writes; whitespace tokens are ordinary text.
+    It is the set transformers' own `sanitize_control_tokens` escapes. Longest first, so a token
+    is named rather than a shorter one inside it.
+    """
+    template = chat_template_of(processor)
+    tokens = {
+        token.content
+        for token in processor.tokenizer.added_tokens_decoder.values()
+        if token.content and (token.special or (token.content in template and not token.content.isspace()))
+    }
+    for attribute in ("image_token", "video_token"):
+        if isinstance(value := getattr(processor, attribute, None), str) and value:
+            tokens.add(value)
+    return tuple(sorted(tokens, key=lambda token: (-len(token), token)))
+
+
+def control_token_in(conversation: Conversation, control_tokens: Sequence[str]) -> str:
+    """Why the conversation's text cannot be counted as text ("" when it can): the first control token and its turn."""
+    if not control_tokens:
+        return ""
+    pattern = _control_pattern(tuple(control_tokens))
+    for turn, message in enumerate(conversation, start=1):
+        content = message["content"]
+        texts = [content] if isinstance(content, str) else [part.get("text", "") for part in content if part.get("type") == "text"]
+        for text in texts:
+            if found := pattern.search(text):
+                return (f"text holds the processor's control token {found.group(0)!r} (turn {turn}, {message['role']}); "
+                        "set the source's special_tokens_in_text: keep to count it as the processor does")
+    return ""
+
+
+@lru_cache(maxsize=8)
+def _control_pattern(control_tokens: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(map(re.escape, control_tokens)))
+
+
 def _spec_path(model: ModelConfig, cache_dir: Path | None) -> Path:
     return (cache_dir or default_cache_dir()) / "text-specs" / f"v{TEXT_SPEC_VERSION}-{processor_fingerprint(model, cache_dir)}.json"
 
@@ -122,8 +174,9 @@ def _spec_path(model: ModelConfig, cache_dir: Path | None) -> Path:
 def stored_text_spec(model: ModelConfig, cache_dir: Path | None = None) -> TextSpec | None:
     """The spec `store_text_spec` kept for this processor (files and kwargs), if any."""
     try:
-        return TextSpec(**json.loads(_spec_path(model, cache_dir).read_text(encoding="utf-8")))
-    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        fields = json.loads(_spec_path(model, cache_dir).read_text(encoding="utf-8"))
+        return TextSpec(**{**fields, "control_tokens": tuple(fields["control_tokens"])})
+    except (FileNotFoundError, json.JSONDecodeError, TypeError, KeyError):
         return None
 
 

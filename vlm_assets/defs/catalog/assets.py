@@ -16,11 +16,13 @@ from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.parallel import step_processes
 from vlm_assets.parquet_batches import rows_with_ids
-from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
-from vlm_assets.tokens.table import sample_ok_rows, write_length_table
+from vlm_assets.tokens.lengths import SampleForLength
+from vlm_assets.tokens.profile import check_model_type, processor_profile
+from vlm_assets.tokens.table import rows_to_recheck, write_length_table
 from vlm_assets.wording import plural
 
-CHECK_SAMPLE_SIZE = 24
+# Rows of each kind (text only, one image, several, video, mixed) the check recomputes.
+CHECK_ROWS_PER_KIND = 8
 
 
 def _reason_table(reasons: Counter[str]) -> str:
@@ -89,16 +91,20 @@ def sample_lengths(
     context: dg.AssetExecutionContext, vlm_config: VlmConfig, hf_processor: HFProcessor
 ) -> dg.MaterializeResult:
     app = vlm_config.app
-    source = context.partition_key
-    fingerprint = vlm_config.fingerprints.of("sample_lengths", source)
-    path = vlm_config.layout.lengths(source)
+    source = vlm_config.source(context.partition_key)
+    fingerprint = vlm_config.fingerprints.of("sample_lengths", source.name)
+    path = vlm_config.layout.lengths(source.name)
+    profile = processor_profile(hf_processor.length_counter(source))
+    check_model_type(app.model, profile)
+    context.log.info(f"processor {profile.describe()}")
 
     def progress(done: int, total: int) -> None:
-        context.log.info(f"{source}: token lengths {done}/{total}")
+        context.log.info(f"{source.name}: token lengths {done}/{total}")
 
-    with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source)]):
+    with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
         summary = write_length_table(
-            vlm_config.layout.catalog(source), path, app.model, app.frame_cache, step_processes(), progress
+            vlm_config.layout.catalog(source.name), path, app.model, app.frame_cache, step_processes(), progress,
+            reject_control_tokens=source.rejects_control_tokens,
         )
     lengths = summary.ok_token_lens
     over = int((lengths > app.sample.max_token_len).sum())
@@ -114,6 +120,9 @@ def sample_lengths(
         "length_histogram": dg.MetadataValue.md(length_histogram_md(lengths, app.sample.max_token_len)),
         "processes": summary.processes,
         "processor": app.model.processor,
+        "processor_family": profile.modalities.processor_class,
+        "length_path": profile.describe(),
+        "special_tokens_in_text": source.special_tokens_in_text,
         "processor_fingerprint": hf_processor.fingerprint(),
     }, fingerprint))
 
@@ -122,29 +131,54 @@ def sample_lengths(
     asset=sample_lengths,
     partitions_def=SOURCES_PARTITIONS,
     blocking=True,
-    description="Recomputes a random sample of the source's rows with the exact processor path; any difference fails.",
+    description=(
+        "Recomputes random rows of each kind (text only, one image, several images, video, mixed) with the "
+        "exact processor path; fails on any difference, on rows the processor call itself refused, and on a "
+        "source whose accepted samples have no length. A failed check moves the table aside."
+    ),
 )
 def lengths_match_processor(
     context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig, hf_processor: HFProcessor
 ) -> dg.AssetCheckResult:
-    app = vlm_config.app
-    source = context.partition_key
-    counter = LengthCounter(hf_processor.load(), app.frame_cache)
-    stored = sample_ok_rows(vlm_config.layout.lengths(source), CHECK_SAMPLE_SIZE)
-    chosen = list(stored)
+    source = vlm_config.source(context.partition_key)
+    layout = vlm_config.layout
+    counter = hf_processor.length_counter(source)
+    selection = rows_to_recheck(layout.catalog(source.name), layout.lengths(source.name), CHECK_ROWS_PER_KIND)
+    chosen = list(selection.chosen)
     mismatches = []
     if chosen:
         # Only the chosen rows of the catalogue are read: a big source's conversations stay on disk.
-        rows = pd.DataFrame(rows_with_ids(vlm_config.layout.catalog(source), chosen,
-                                          ["messages", "media_kinds", "media_refs"]))
+        rows = pd.DataFrame(rows_with_ids(layout.catalog(source.name), chosen, ["messages", "media_kinds", "media_refs"]))
         for sample in _samples_for_length(rows.set_index("sample_id", drop=False).loc[chosen]):
             exact = counter.exact(sample)
-            expected = stored[sample.sample_id]
+            expected = selection.chosen[sample.sample_id]
             if exact.status != STATUS_OK or exact.token_len != expected:
-                mismatches.append({"sample_id": sample.sample_id, "stored": expected, "exact": exact.token_len,
-                                   "reason": exact.reason})
+                mismatches.append({"sample_id": sample.sample_id, "kind": selection.kind_of[sample.sample_id],
+                                   "stored": expected, "exact": exact.token_len, "reason": exact.reason})
+    problems = []
+    if mismatches:
+        problems.append(f"{plural(len(mismatches), 'row')} differ from the exact path")
+    if selection.processor_failure_count:
+        problems.append(f"the processor call refused {plural(selection.processor_failure_count, 'row')}")
+    if selection.catalog_ok and not chosen:
+        problems.append(f"none of the {plural(selection.catalog_ok, 'accepted sample')} has a length")
+    recomputed = Counter(selection.kind_of.values())
+    description = (f"{plural(len(chosen), 'row')} recomputed with the exact path "
+                   f"({', '.join(f'{kind} {n}' for kind, n in recomputed.items()) or 'none'}), {len(mismatches)} differ")
+    if problems:
+        aside = layout.lengths_failed_check(source.name)
+        layout.lengths(source.name).replace(aside)
+        description = f"{'; '.join(problems)}. Table moved to {aside}. {description}"
     return dg.AssetCheckResult(
-        passed=not mismatches,
-        metadata={"rows_checked": len(chosen), "mismatches": dg.MetadataValue.json(mismatches[:20])},
-        description=f"{plural(len(chosen), 'row')} recomputed with the exact path, {len(mismatches)} differ",
+        passed=not problems,
+        metadata={
+            "rows_checked": len(chosen),
+            "rows_checked_by_kind": dg.MetadataValue.json(dict(recomputed)),
+            "ok_rows_by_kind": dg.MetadataValue.json(dict(selection.ok_by_kind)),
+            "mismatches": dg.MetadataValue.json(mismatches[:20]),
+            "processor_call_failures": selection.processor_failure_count,
+            "processor_call_failure_examples": dg.MetadataValue.json(selection.processor_failures),
+            "length_path": processor_profile(counter).describe(),
+        },
+        description=description,
     )

@@ -1,0 +1,185 @@
+"""Which path counts a processor's lengths, proven when the processor loads.
+
+A processor's family decides what it takes (Gemma3 takes no video) and whether the fast path's
+arithmetic holds for it (Qwen3-VL prints per-clip timestamps, LLaVA-OneVision switches to a
+multi-image mode, InternVL tiles images). Rather than trusting a list of families, the fast path
+is put to the test on probe samples, modality by modality, against the exact path; a modality
+whose probes differ is counted by the exact path. The outcome is kept on disk per processor and
+frame-cache shape, so the chunk processes of later steps know it without loading the processor.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vlm_assets.atomic import atomic_write_text
+from vlm_assets.config import ConfigError, FrameCacheConfig, ModelConfig
+from vlm_assets.frames.probe import SampledFrames, sample_indices
+from vlm_assets.tokens.lengths import (
+    LengthCounter,
+    LengthResult,
+    Modalities,
+    SampleForLength,
+    measure_samples,
+    modalities_of,
+    supports_fast_path,
+)
+from vlm_assets.tokens.processor import default_cache_dir, processor_fingerprint, shared_processor
+from vlm_assets.tokens.text import store_text_spec, stored_text_spec, text_spec_of
+
+PROFILE_VERSION = 1
+
+# Probe conversations in the catalogue's form (<image>/<video> placeholders), chosen to put media
+# next to text, newlines and each other, in first and later turns.
+TEXT_PROBES = (
+    [{"role": "user", "content": "Hello there.\nHow are you?"}, {"role": "assistant", "content": "Fine,  thanks!\n\n"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"},
+     {"role": "assistant", "content": "A."}, {"role": "user", "content": "ünïcödé 漢字 🙂\tand\ttabs"},
+     {"role": "assistant", "content": ""}],
+)
+IMAGE_PROBES = (
+    ([{"role": "user", "content": "<image>\nDescribe."}, {"role": "assistant", "content": "A shape."}], ("a",)),
+    ([{"role": "user", "content": "Look: <image>"}, {"role": "assistant", "content": "Grey."}], ("b",)),
+    ([{"role": "user", "content": "<image><image>Compare them."}, {"role": "assistant", "content": "Alike."}], ("c", "d")),
+    ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+      {"role": "user", "content": "And\n<image>\nthis one, and <image>?"}, {"role": "assistant", "content": "Both."}],
+     ("d", "a")),
+)
+# (height, width): below the minimum, ordinary, wide and tall, odd sizes.
+PROBE_IMAGE_SIZES = {"a": (37, 53), "b": (480, 640), "c": (333, 1999), "d": (1201, 301)}
+VIDEO_PROBES = (
+    ([{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "A ball bounces."}],
+     ("clip-30fps",)),
+    ([{"role": "user", "content": "Then:\n<video>\nand <video>"}, {"role": "assistant", "content": "Two."}],
+     ("clip-12fps", "clip-30fps")),
+)
+# Clips of different lengths and frame rates: a family that prints timestamps counts them differently.
+PROBE_CLIPS = {"clip-30fps": (900, 30.0), "clip-12fps": (50, 12.5)}  # total frames, fps
+MIXED_PROBE = ([{"role": "user", "content": "<image>\n<video>\nSame scene?"}, {"role": "assistant", "content": "Yes."}],
+               ("b", "clip-12fps"))
+
+
+@dataclass(frozen=True)
+class ProcessorProfile:
+    modalities: Modalities
+    model_types: tuple[str, ...]  # transformers model types whose processor class this is
+
+    def describe(self) -> str:
+        """One line for logs and metadata: the family, what it takes, which path counts what."""
+        m = self.modalities
+        family = f"{m.processor_class} (model type {', '.join(self.model_types) or 'unknown'})"
+        takes = ["text"] + [kind for kind, taken in (("images", m.takes_images), ("videos", m.takes_videos)) if taken]
+        paths = [f"{kind}: {'fast' if fast else 'exact'}"
+                 for kind, fast, taken in (("text", m.fast_text, True), ("images", m.fast_images, m.takes_images),
+                                           ("videos", m.fast_videos, m.takes_videos)) if taken]
+        return f"{family} takes {', '.join(takes)}; lengths by path: {', '.join(paths)}"
+
+
+def model_types_of(processor: Any) -> tuple[str, ...]:
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    name = type(processor).__name__
+    return tuple(sorted(model_type for model_type, class_name in PROCESSOR_MAPPING_NAMES.items() if class_name == name))
+
+
+def check_model_type(model: ModelConfig, profile: ProcessorProfile) -> None:
+    """`model.model_type`, when set, must name the loaded processor's family."""
+    if model.model_type and model.model_type not in profile.model_types:
+        raise ConfigError(
+            f"model.model_type is {model.model_type!r} but the processor at {model.processor} is "
+            f"{profile.modalities.processor_class} (model type {', '.join(profile.model_types) or 'unknown'}); "
+            "fix model.model_type or model.processor"
+        )
+
+
+def length_counter(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool = True) -> LengthCounter:
+    """This process's counter for `model`: the processor loaded once, its fast path proven (or taken from disk)."""
+    processor = shared_processor(model)
+    modalities = stored_modalities(model, frame_cache)
+    if modalities is None:
+        modalities = prove_fast_path(processor, frame_cache)
+        _store(_profile_path(model, frame_cache), asdict(modalities))
+    if stored_text_spec(model) is None and (spec := text_spec_of(processor)) is not None:
+        store_text_spec(model, spec)
+    counter = LengthCounter(processor, frame_cache, modalities=modalities, reject_control_tokens=reject_control_tokens)
+    if modalities.fast_videos:
+        counter.video_tokens_per_clip  # computed once, here, off the counting path
+    return counter
+
+
+def processor_profile(counter: LengthCounter) -> ProcessorProfile:
+    return ProcessorProfile(counter.modalities, model_types_of(counter.processor))
+
+
+def stored_modalities(model: ModelConfig, frame_cache: FrameCacheConfig) -> Modalities | None:
+    try:
+        return Modalities(**json.loads(_profile_path(model, frame_cache).read_text(encoding="utf-8")))
+    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        return None
+
+
+def prove_fast_path(processor: Any, frame_cache: FrameCacheConfig) -> Modalities:
+    """The processor's modalities, with the fast path on for each one whose probes equal the exact path."""
+    taken = modalities_of(processor)
+    everything_fast = Modalities(taken.processor_class, taken.takes_images, taken.takes_videos, True, True, True)
+    clips = {name: SampledFrames(total, fps, sample_indices(total, frame_cache.num_frames))
+             for name, (total, fps) in PROBE_CLIPS.items()}
+    frames = np.zeros((frame_cache.num_frames, frame_cache.frame_size, frame_cache.frame_size, 3), dtype=np.uint8)
+    counter = LengthCounter(processor, frame_cache, video_loader=lambda ref, _settings: (clips[ref], frames),
+                            modalities=taken, reject_control_tokens=False)
+
+    with tempfile.TemporaryDirectory(prefix="vlm-assets-probe-") as workdir:
+        refs = _probe_images(Path(workdir))
+        refs.update({name: name for name in clips})
+
+        def equal(probes: tuple[tuple[list[dict[str, str]], tuple[str, ...]], ...]) -> bool:
+            samples = [_probe_sample(number, turns, [refs[name] for name in media])
+                       for number, (turns, media) in enumerate(probes)]
+            fast = [counter.complete(measured)
+                    for measured in measure_samples(samples, counter.text, everything_fast, reject_control_tokens=False)]
+            exact = [counter.exact(sample) for sample in samples]
+            return all(_counts(f) == _counts(e) and e.status == "ok" for f, e in zip(fast, exact, strict=True))
+
+        fast_text = equal(tuple((turns, ()) for turns in TEXT_PROBES))
+        arithmetic = fast_text and supports_fast_path(processor)
+        fast_images = arithmetic and taken.takes_images and equal(IMAGE_PROBES)
+        fast_videos = arithmetic and taken.takes_videos and equal(VIDEO_PROBES)
+        if fast_images and fast_videos and not equal((MIXED_PROBE,)):
+            fast_videos = False
+    return Modalities(taken.processor_class, taken.takes_images, taken.takes_videos, fast_text, fast_images, fast_videos)
+
+
+def _probe_images(workdir: Path) -> dict[str, str]:
+    from PIL import Image
+
+    refs = {}
+    for name, (height, width) in PROBE_IMAGE_SIZES.items():
+        path = workdir / f"{name}.png"
+        Image.new("RGB", (width, height), (128, 96, 64)).save(path)
+        refs[name] = str(path)
+    return refs
+
+
+def _probe_sample(number: int, turns: list[dict[str, str]], refs: list[str]) -> SampleForLength:
+    kinds = ["video" if ref.startswith("clip-") else "image" for ref in refs]
+    return SampleForLength(f"probe/{number}", json.dumps(turns), kinds, refs)
+
+
+def _counts(result: LengthResult) -> tuple[str, int, int, int, int]:
+    return result.status, result.token_len, result.text_tokens, result.image_tokens, result.video_tokens
+
+
+def _profile_path(model: ModelConfig, frame_cache: FrameCacheConfig) -> Path:
+    shape = f"{frame_cache.num_frames}x{frame_cache.frame_size}"
+    return default_cache_dir() / "length-profiles" / f"v{PROFILE_VERSION}-{processor_fingerprint(model)}-{shape}.json"
+
+
+def _store(path: Path, fields: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(fields))
