@@ -73,7 +73,7 @@ class ProcessorProfile:
     def describe(self) -> str:
         """One line for logs and metadata: the family, what it takes, which path counts what."""
         m = self.modalities
-        family = f"{m.processor_class} (model type {', '.join(self.model_types) or 'unknown'})"
+        family = f"{m.processor_class} ({_model_types(self.model_types)})"
         takes = ["text"] + [kind for kind, taken in (("images", m.takes_images), ("videos", m.takes_videos)) if taken]
         paths = [f"{kind}: {'fast' if fast else 'exact'}"
                  for kind, fast, taken in (("text", m.fast_text, True), ("images", m.fast_images, m.takes_images),
@@ -93,7 +93,7 @@ def check_model_type(model: ModelConfig, profile: ProcessorProfile) -> None:
     if model.model_type and model.model_type not in profile.model_types:
         raise ConfigError(
             f"model.model_type is {model.model_type!r} but the processor at {model.processor} is "
-            f"{profile.modalities.processor_class} (model type {', '.join(profile.model_types) or 'unknown'}); "
+            f"{profile.modalities.processor_class} ({_model_types(profile.model_types)}); "
             "fix model.model_type or model.processor"
         )
 
@@ -153,6 +153,12 @@ def prove_fast_path(processor: Any, frame_cache: FrameCacheConfig) -> Modalities
         if fast_images and fast_videos and not equal((MIXED_PROBE,)):
             fast_videos = False
     return Modalities(taken.processor_class, taken.takes_images, taken.takes_videos, fast_text, fast_images, fast_videos)
+
+
+def _model_types(model_types: tuple[str, ...]) -> str:
+    if not model_types:
+        return "model type unknown"
+    return f"model type{'s' if len(model_types) > 1 else ''} {', '.join(model_types)}"
 
 
 def _probe_images(workdir: Path) -> dict[str, str]:
