@@ -46,16 +46,21 @@ def test_errors_name_the_file_and_the_key(tmp_path, text, key):
     assert key in str(error.value)
 
 
-def test_informational_and_single_value_keys_are_accepted(tmp_path):
-    """Existing configs keep loading: model.model_type is informational, best_fit_decreasing the only algorithm."""
+def test_model_type_and_single_value_keys_are_accepted(tmp_path):
+    """model.model_type is kept (checked against the processor when it loads); best_fit_decreasing the only algorithm."""
     (tmp_path / "train.jsonl").write_text("")
     sources = "sources: [{name: a, kind: jsonl, path: train.jsonl}]\n"
     app = load_config(write(tmp_path, sources + "model: {model_type: qwen2_vl}\npacking: {algorithm: best_fit_decreasing}\n"))
-    assert app.model == ModelConfig() and app.packing == PackingConfig()
+    assert app.model == ModelConfig(model_type="qwen2_vl") and app.packing == PackingConfig()
     with pytest.raises(ConfigError, match="packing.algorithm"):
         load_config(write(tmp_path, sources + "packing: {algorithm: first_fit}\n"))
     with pytest.raises(ConfigError, match="model.model_type"):
         load_config(write(tmp_path, sources + "model: {model_type: [qwen2_vl]}\n"))
+    keep = "sources: [{name: a, kind: jsonl, path: train.jsonl, special_tokens_in_text: keep}]\n"
+    assert not load_config(write(tmp_path, keep)).sources[0].rejects_control_tokens
+    assert app.sources[0].rejects_control_tokens
+    with pytest.raises(ConfigError, match=r"sources\[0\].special_tokens_in_text: must be one of reject, keep"):
+        load_config(write(tmp_path, keep.replace("keep", "escape")))
 
 
 def test_invalid_yaml_and_missing_file_are_clear(tmp_path):

@@ -121,6 +121,14 @@ def text_refusal(conversation: list[dict[str, Any]], text: TextCounter, reject_c
     return control_token_in(conversation, text.control_tokens) if reject_control_tokens else ""
 
 
+def counts_fast(sample: SampleForLength, modalities: Modalities, text: TextCounter, reject_control_tokens: bool) -> bool:
+    """Whether the fast path counts this sample: its modalities are proven, and its text holds no control
+    token that is kept (only the processor knows what a kept one does: expand it, refuse it, ...)."""
+    if not modalities.counts_fast(sample.media_kinds):
+        return False
+    return reject_control_tokens or not control_token_in(chat_conversation(sample.messages), text.control_tokens)
+
+
 def supports_fast_path(processor: Any) -> bool:
     """Whether the processor has the arithmetic the fast path uses (whether it is right, probes tell)."""
     image_processor = getattr(processor, "image_processor", None)
@@ -259,12 +267,11 @@ class LengthCounter:
         results: list[LengthResult] = []
         for start in range(0, len(samples), batch_size):
             batch = samples[start:start + batch_size]
-            fast = [sample for sample in batch if self.modalities.counts_fast(sample.media_kinds)]
-            measured = iter(measure_samples(fast, self.text, self.modalities, self.reject_control_tokens))
-            results.extend(
-                self.complete(next(measured)) if self.modalities.counts_fast(sample.media_kinds) else self.exact(sample)
-                for sample in batch
-            )
+            fast = [counts_fast(sample, self.modalities, self.text, self.reject_control_tokens) for sample in batch]
+            measured = iter(measure_samples([sample for sample, quick in zip(batch, fast) if quick], self.text,
+                                            self.modalities, self.reject_control_tokens))
+            results.extend(self.complete(next(measured)) if quick else self.exact(sample)
+                           for sample, quick in zip(batch, fast))
         return results
 
     def complete(self, measured: MeasuredSample) -> LengthResult:

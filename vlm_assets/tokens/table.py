@@ -37,9 +37,10 @@ from vlm_assets.tokens.lengths import (
     MeasuredSample,
     Modalities,
     SampleForLength,
+    counts_fast,
     measure_samples,
 )
-from vlm_assets.tokens.profile import length_counter, stored_modalities
+from vlm_assets.tokens.profile import ProcessorProfile, length_counter, processor_profile, stored_modalities
 from vlm_assets.tokens.text import SpecText, TextCounter, stored_text_spec
 
 LENGTH_CHUNK_ROWS = 2048
@@ -50,6 +51,8 @@ LENGTH_SCHEMA = pa.schema(
 
 # (rows done, rows in the catalogue)
 LengthProgress = Callable[[int, int], None]
+# Told what the loaded processor is as soon as it is loaded; raising stops the step.
+OnProcessorLoaded = Callable[[ProcessorProfile], None]
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class LengthTableSummary:
     samples: int
     processes: int
     ok_token_lens: np.ndarray  # token_len of every ok row, in table order
+    profile: ProcessorProfile
 
 
 class _ChunkMeasurer:
@@ -86,18 +90,18 @@ class _ChunkMeasurer:
             SampleForLength(row["sample_id"], row["messages"], row["media_kinds"], row["media_refs"])
             for row in catalog_rows if row["status"] == STATUS_OK
         ]
-        fast = [sample for sample in ok_samples if self.modalities.counts_fast(sample.media_kinds)]
-        measured = iter(measure_samples(fast, self.text, self.modalities, self.reject_control_tokens))
-        ok = iter(ok_samples)
+        fast = [counts_fast(sample, self.modalities, self.text, self.reject_control_tokens) for sample in ok_samples]
+        measured = iter(measure_samples([sample for sample, quick in zip(ok_samples, fast) if quick], self.text,
+                                        self.modalities, self.reject_control_tokens))
+        ok = iter(zip(ok_samples, fast))
         results: list[LengthResult | MeasuredSample] = []
         # Every ok sample is answered, in order; a catalogue reject keeps its reason.
         for row in catalog_rows:
             if row["status"] != STATUS_OK:
                 results.append(LengthResult.rejected(row["sample_id"], row["reason"]))
                 continue
-            sample = next(ok)
-            fast_path = self.modalities.counts_fast(sample.media_kinds)
-            results.append(next(measured) if fast_path else self.exact_counter().exact(sample))
+            sample, quick = next(ok)
+            results.append(next(measured) if quick else self.exact_counter().exact(sample))
         return results
 
 
@@ -117,8 +121,10 @@ def _measure_rows(catalog_rows: list[dict]) -> list[LengthResult | MeasuredSampl
 class _CounterLoad:
     """This process's LengthCounter, loaded in a thread while chunks are measured; keeps the text spec."""
 
-    def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool) -> None:
+    def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool,
+                 on_loaded: OnProcessorLoaded | None) -> None:
         self._args = (model, frame_cache, reject_control_tokens)
+        self._on_loaded = on_loaded
         self._counter: LengthCounter | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._load, name="processor-load", daemon=True)
@@ -126,7 +132,10 @@ class _CounterLoad:
 
     def _load(self) -> None:
         try:
-            self._counter = length_counter(*self._args)
+            counter = length_counter(*self._args)
+            if self._on_loaded is not None:
+                self._on_loaded(processor_profile(counter))
+            self._counter = counter
         except BaseException as error:  # re-raised where the counter is needed
             self._error = error
 
@@ -150,6 +159,7 @@ def write_length_table(
     progress: LengthProgress | None = None,
     chunk_rows: int = LENGTH_CHUNK_ROWS,
     reject_control_tokens: bool = True,
+    on_processor_loaded: OnProcessorLoaded | None = None,
 ) -> LengthTableSummary:
     """Write the length table of the catalogue at `catalog` to `target` (atomically)."""
     total = parquet_rows(catalog)
@@ -157,7 +167,7 @@ def write_length_table(
     # A pool costs a start-up (a processor load where no text spec is stored); one chunk is not worth it.
     processes = processes if total > chunk_rows else 1
     done, ok_lengths = 0, []
-    load = _CounterLoad(model, frame_cache, reject_control_tokens)
+    load = _CounterLoad(model, frame_cache, reject_control_tokens, on_processor_loaded)
     # Chunks measured while the processor loads wait here (seconds' worth), so the pool stays fed.
     measured_chunks: list[list[LengthResult | MeasuredSample]] = []
     with atomic_path(target) as tmp, pq.ParquetWriter(tmp, LENGTH_SCHEMA) as writer:
@@ -185,7 +195,8 @@ def write_length_table(
                 measured_chunks.clear()
         for waiting in measured_chunks:
             write(waiting)
-    return LengthTableSummary(total, processes, np.concatenate(ok_lengths) if ok_lengths else np.zeros(0, dtype=np.int64))
+    lengths = np.concatenate(ok_lengths) if ok_lengths else np.zeros(0, dtype=np.int64)
+    return LengthTableSummary(total, processes, lengths, processor_profile(load.counter()))
 
 
 def sample_kind(media_kinds: list[str]) -> str:

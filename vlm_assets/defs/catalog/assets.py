@@ -17,7 +17,7 @@ from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.parallel import step_processes
 from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import SampleForLength
-from vlm_assets.tokens.profile import check_model_type, processor_profile
+from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, processor_profile
 from vlm_assets.tokens.table import rows_to_recheck, write_length_table
 from vlm_assets.wording import plural
 
@@ -94,9 +94,10 @@ def sample_lengths(
     source = vlm_config.source(context.partition_key)
     fingerprint = vlm_config.fingerprints.of("sample_lengths", source.name)
     path = vlm_config.layout.lengths(source.name)
-    profile = processor_profile(hf_processor.length_counter(source))
-    check_model_type(app.model, profile)
-    context.log.info(f"processor {profile.describe()}")
+
+    def loaded(profile: ProcessorProfile) -> None:
+        context.log.info(f"processor {profile.describe()}")
+        check_model_type(app.model, profile)
 
     def progress(done: int, total: int) -> None:
         context.log.info(f"{source.name}: token lengths {done}/{total}")
@@ -104,8 +105,9 @@ def sample_lengths(
     with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
         summary = write_length_table(
             vlm_config.layout.catalog(source.name), path, app.model, app.frame_cache, step_processes(), progress,
-            reject_control_tokens=source.rejects_control_tokens,
+            reject_control_tokens=source.rejects_control_tokens, on_processor_loaded=loaded,
         )
+    profile = summary.profile
     lengths = summary.ok_token_lens
     over = int((lengths > app.sample.max_token_len).sum())
     return dg.MaterializeResult(**versioned({
