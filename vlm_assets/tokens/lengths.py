@@ -186,8 +186,8 @@ class LengthCounter:
     def _split_counts(self, sample: SampleForLength, input_ids: Sequence[int]) -> LengthResult:
         """The length, split by what the processor's image and video token ids mark (text: the rest)."""
         ids = np.asarray(input_ids).reshape(-1)
-        image_ids = [i for i in self.processor.image_token_ids if i is not None] if self.modalities.takes_images else []
-        video_ids = [i for i in self.processor.video_token_ids if i is not None] if self.modalities.takes_videos else []
+        image_ids = _token_ids(self.processor, "image") if self.modalities.takes_images else []
+        video_ids = _token_ids(self.processor, "video") if self.modalities.takes_videos else []
         image_tokens = int(np.isin(ids, image_ids).sum())
         video_tokens = int(np.isin(ids, [i for i in video_ids if i not in image_ids]).sum())
         # A family may spell video frames with its image tokens (InternVL): in a sample without images they are video.
@@ -287,6 +287,12 @@ class LengthCounter:
             measured.sample_id, STATUS_OK, "", measured.text_tokens + image_total + video_total,
             measured.text_tokens, image_total, video_total,
         )
+
+
+def _token_ids(processor: Any, kind: str) -> list[int]:
+    """The ids a processor marks as `kind` tokens (`image_token_ids`; a processor class older than that API: its one id)."""
+    ids = getattr(processor, f"{kind}_token_ids", None) or [getattr(processor, f"{kind}_token_id", None)]
+    return [token_id for token_id in ids if token_id is not None]
 
 
 def measure_samples(
