@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
