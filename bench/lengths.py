@@ -1,12 +1,33 @@
-"""Token-length throughput: fast path vs the exact per-sample processor path (what the seed does).
+"""Token-length throughput per model family: our LengthCounter vs calling the processor directly, as a trainer does.
 
-Builds ≥ 2,000 samples over real images from ../shared/data and generated images of many sizes,
-aspect ratios and formats (some multi-image, some multi-turn), then, side by side in one run:
-  - fast path: header sizes + batched tokenisation (median of 3 passes),
-  - exact path: render + load_image + processor call per sample (one pass),
-checks that every count is equal, and reports samples/s, the ratio and each path's peak RSS.
+    .venv/bin/python bench/lengths.py [--families qwen2_vl,gemma3] [--images 300] [--multi 100] [--videos 12]
+                                      [--repeats 3] [--direct-repeats 1] [--generated N]
 
-    .venv/bin/python bench/lengths.py [--samples 2000]
+Processors: the six families of vlm_assets_tests/processor_families.py (Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+LLaVA-OneVision, InternVL, Gemma3), built offline once per run in a temp dir. Frame-cache shape: the
+product default FrameCacheConfig() (64 frames at 384²).
+
+Samples, catalogued by vlm_assets.catalog.build_catalog from flat_dir JSON records, one workload each:
+  image        one image per sample
+  multi_image  2-4 images per sample (all in the first turn, or spread over the turns)
+  video        one video per sample, `<video>` in the text (skipped for a family whose processor takes no video)
+with text around the media (words, some CJK), ~30% multi-turn, ~10% with a system turn. Images: the real ones
+of ../shared/data plus generated ones of many sizes, aspect ratios (panoramas, tall strips), formats and modes
+(JPEG, PNG incl. RGBA and grayscale, WEBP; some JPEGs with an EXIF rotation). Videos: the real clips of
+../shared/data in mp4, avi, mkv and mov (a clip the catalogue rejects is listed and left out).
+
+For each family and workload, in one run and side by side:
+  ours    LengthCounter(processor, FrameCacheConfig(), modalities=prove_fast_path(...)).count(samples): the fast
+          path where the family's probes proved it for the workload's modalities, the exact path otherwise
+  direct  a plain per-sample loop written here: apply_chat_template(tokenize=False), images by
+          transformers' load_image passed as one group, each video as the frame cache's 64 frames at 384²
+          (decode_sampled_frames) with do_sample_frames=False and its VideoMetadata, return_tensors="pt";
+          length = len(input_ids[0])
+Every measurement runs in its own spawned process (clean peak RSS; the processor is loaded and one sample
+counted there before timing, neither timed). Throughput is samples/s of that one process, the median of
+--repeats passes for ours where the fast path counts the whole workload, and of one pass (--direct-repeats)
+for direct and for workloads ours counts by the exact path (those cost what direct costs). Every count is
+checked: status ok on both sides and the same token length; the first differing samples are printed.
 """
 
 from __future__ import annotations
@@ -14,115 +35,358 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import queue as queue_module
 import random
 import resource
 import statistics
 import tempfile
 import time
+import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-FORMATS = ["JPEG", "PNG", "WEBP"]
+BROKEN_IMAGES = ("truncated_jpeg.jpg", "broken.png")
+REAL_VIDEOS = (
+    "LLaMA-Factory/data/mllm_demo_data/1.mp4", "LLaMA-Factory/data/mllm_demo_data/2.avi",
+    "LLaMA-Factory/data/mllm_demo_data/3.mp4", "LLaMA-Factory/data/mllm_demo_data/4.mp4",
+    "decord/examples/flipping_a_pancake.mkv", "decord/tests/test_data/video_90.mov",
+    "torchcodec/test/resources/nasa_13013.mp4", "mmaction2/demo/demo.mp4",
+)
+WORKLOADS = ("image", "multi_image", "video")
+WORKLOAD_KINDS = {"image": ["image"], "multi_image": ["image", "image"], "video": ["video"]}
+WORDS = ("the a cat dog photo shows several objects in bright light near water trees what where why how "
+         "is are there left right 图片 中 的 狗 视频 里").split()
+EXIF_ORIENTATION_TAG = 0x0112
+SHOW_DIFFERENCES = 5
 
 
-def make_dataset(root: Path, n_samples: int) -> Path:
+# ---- data ---------------------------------------------------------------------------------------
+def real_images() -> list[str]:
+    if not SHARED.is_dir():
+        return []
+    return sorted(str(p) for p in SHARED.rglob("*")
+                  if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp") and p.name not in BROKEN_IMAGES)
+
+
+def generate_images(directory: Path, count: int) -> list[str]:
+    """Images of many sizes (64-2048 px a side, panoramas and tall strips), formats and modes."""
     rng = random.Random(0)
-    images: list[str] = []
-    if SHARED.is_dir():
-        images += [str(p) for p in SHARED.rglob("*") if p.suffix.lower() in (".jpg", ".png", ".webp", ".gif")
-                   and p.name not in ("truncated_jpeg.jpg", "broken.png")]
-    generated = root / "generated"
-    generated.mkdir(parents=True)
-    for index in range(300):
+    directory.mkdir(parents=True)
+    paths = []
+    for index in range(count):
         width, height = rng.randint(64, 2048), rng.randint(64, 2048)
         if index % 10 == 0:
-            width, height = width, max(32, width // rng.randint(3, 8))  # panoramas
+            height = max(32, width // rng.randint(3, 8))  # panorama
+        elif index % 10 == 5:
+            width = max(32, height // rng.randint(3, 8))  # tall strip
         array = np.random.default_rng(index).integers(0, 255, (height // 8 + 1, width // 8 + 1, 3), dtype=np.uint8)
         image = Image.fromarray(array).resize((width, height))
-        fmt = FORMATS[index % 3]
-        path = generated / f"g{index:04d}.{fmt.lower().replace('jpeg', 'jpg')}"
-        image.save(path, fmt, quality=85) if fmt != "PNG" else image.save(path, fmt)
-        images.append(str(path))
-    samples = root / "samples"
-    samples.mkdir()
-    words = "the a cat dog photo shows several objects in bright light near water trees 图片 中 的 狗".split()
-    for index in range(n_samples):
-        n_images = 1 if rng.random() < 0.8 else rng.randint(2, 4)
-        n_turns = 1 if rng.random() < 0.7 else rng.randint(2, 5)
-        messages = []
-        for turn in range(n_turns):
-            question = " ".join(rng.choice(words) for _ in range(rng.randint(3, 30)))
-            answer = " ".join(rng.choice(words) for _ in range(rng.randint(5, 200)))
+        kind = index % 6
+        if kind in (0, 3):
+            path = directory / f"g{index:04d}.jpg"
+            exif = Image.Exif()
+            if index % 12 == 3:  # rotated by EXIF: the header says width x height, the trainer sees height x width
+                exif[EXIF_ORIENTATION_TAG] = 6
+            image.save(path, "JPEG", quality=85, exif=exif)
+        elif kind == 1:
+            path = directory / f"g{index:04d}.png"
+            image.save(path, "PNG")
+        elif kind == 4:
+            path = directory / f"g{index:04d}.png"
+            (image.convert("RGBA") if index % 12 == 4 else image.convert("L")).save(path, "PNG")
+        else:
+            path = directory / f"g{index:04d}.webp"
+            image.save(path, "WEBP", quality=80)
+        paths.append(str(path))
+    return paths
+
+
+def _text(rng: random.Random, low: int, high: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+
+def _place(rng: random.Random, placeholders: str, text: str) -> str:
+    where = rng.random()
+    if where < 0.5:
+        return f"{placeholders}\n{text}"
+    if where < 0.8:
+        return f"{text}\n{placeholders}"
+    words = text.split(" ")
+    cut = rng.randint(0, len(words))
+    return " ".join(words[:cut]) + f" {placeholders} " + " ".join(words[cut:])
+
+
+def make_records(workload: str, count: int, images: list[str], videos: list[str], seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    records = []
+    video_order = []
+    for index in range(count):
+        n_turns = 1 if rng.random() < 0.7 else rng.randint(2, 4)
+        questions = [_text(rng, 3, 30) for _ in range(n_turns)]
+        answers = [_text(rng, 5, 200) for _ in range(n_turns)]
+        record: dict = {}
+        if workload == "video":
+            if not video_order:
+                video_order = list(videos)
+                rng.shuffle(video_order)
+            record["videos"] = [video_order.pop()]
+            questions[0] = _place(rng, "<video>", questions[0])
+        else:
+            n_media = 1 if workload == "image" else rng.randint(2, 4)
+            record["images"] = [rng.choice(images) for _ in range(n_media)]
+            if n_turns == 1 or rng.random() < 0.6:
+                questions[0] = _place(rng, "".join("<image>" for _ in range(n_media)), questions[0])
+            else:  # spread over the turns, in order
+                turns = sorted(rng.randrange(n_turns) for _ in range(n_media))
+                for turn in sorted(set(turns)):
+                    questions[turn] = _place(rng, "<image>" * turns.count(turn), questions[turn])
+        messages = [{"role": "system", "content": _text(rng, 3, 12)}] if rng.random() < 0.1 else []
+        for question, answer in zip(questions, answers):
             messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-        record = {"messages": messages, "images": [rng.choice(images) for _ in range(n_images)]}
-        (samples / f"{index:05d}.json").write_text(json.dumps(record, ensure_ascii=False))
-    return samples
+        record["messages"] = messages
+        records.append(record)
+    return records
 
 
-def _load(samples_dir: str):
+def catalogue(root: Path, workload: str, records: list[dict]) -> tuple[list[tuple], list[tuple[str, str]]]:
+    """The records as catalogued samples (sample_id, messages, kinds, refs), and the rejected (id, reason)."""
     from vlm_assets.catalog.build import build_catalog
-    from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
-    from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
+    from vlm_assets.config import SourceConfig
+
+    directory = root / workload
+    directory.mkdir()
+    for index, record in enumerate(records):
+        (directory / f"{index:05d}.json").write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
+    frame = build_catalog(SourceConfig(workload, "flat_dir", directory, directory, allowed_roots=(root, SHARED)))
+    ok = frame[frame.status == "ok"]
+    samples = [(r.sample_id, r.messages, list(r.media_kinds), list(r.media_refs)) for r in ok.itertuples()]
+    rejected = [(r.sample_id, r.reason) for r in frame[frame.status != "ok"].itertuples()]
+    return samples, rejected
+
+
+# ---- measurements (each in its own spawned process) ---------------------------------------------
+def _load(directory: str):
+    from transformers.utils import logging
+
+    from vlm_assets.config import ModelConfig
     from vlm_assets.tokens.processor import load_processor
 
-    # The records name images generated beside the samples and real ones under SHARED, by absolute path.
-    allowed = (Path(samples_dir).parent, SHARED)
-    frame = build_catalog(SourceConfig("bench", "flat_dir", Path(samples_dir), Path(samples_dir), allowed_roots=allowed))
-    ok = frame[frame.status == "ok"]
-    samples = [SampleForLength(r.sample_id, r.messages, list(r.media_kinds), list(r.media_refs)) for r in ok.itertuples()]
-    processor = load_processor(ModelConfig(processor_kwargs={"min_pixels": 3136, "max_pixels": 1003520}))
-    return LengthCounter(processor, FrameCacheConfig()), samples
+    logging.set_verbosity_error()  # "sequence length is longer than the specified maximum": lengths are what we measure
+    # A real palette PNG with transparency bytes: Pillow warns on every RGB conversion (load_image's, on both sides).
+    warnings.filterwarnings("ignore", message="Palette images with Transparency", category=UserWarning)
+    return load_processor(ModelConfig(processor=directory))
 
 
-def run_path(samples_dir: str, path: str, repeats: int, queue: mp.Queue) -> None:
-    counter, samples = _load(samples_dir)
+def profile_family(directory: str, results: mp.Queue) -> None:
+    from vlm_assets.config import FrameCacheConfig
+    from vlm_assets.tokens.profile import ProcessorProfile, model_types_of, prove_fast_path
+
+    start = time.perf_counter()
+    processor = _load(directory)
+    loaded = time.perf_counter()
+    modalities = prove_fast_path(processor, FrameCacheConfig())
+    proven = time.perf_counter()
+    results.put({"modalities": asdict(modalities), "load_s": loaded - start, "prove_s": proven - loaded,
+                 "describe": ProcessorProfile(modalities, model_types_of(processor)).describe()})
+
+
+def direct_length(processor, sample) -> tuple[str, str, int, str]:
+    """The processor called directly per sample, as a trainer calls it."""
+    from transformers.image_utils import load_image
+    from transformers.video_utils import VideoMetadata
+
+    from vlm_assets.catalog.messages import split_on_placeholders
+    from vlm_assets.frames.decode import decode_sampled_frames
+
+    sample_id, messages, kinds, refs = sample
+    try:
+        conversation = [{"role": message["role"], "content": split_on_placeholders(message["content"])}
+                        for message in json.loads(messages)]
+        text = processor.apply_chat_template(conversation, tokenize=False)
+        images = [load_image(ref) for kind, ref in zip(kinds, refs) if kind == "image"]
+        videos, metadata = [], []
+        for kind, ref in zip(kinds, refs):
+            if kind == "video":
+                sampled, frames = decode_sampled_frames(ref, 64, 384)
+                videos.append(frames)
+                metadata.append(VideoMetadata(total_num_frames=sampled.total_frames, fps=sampled.fps,
+                                              frames_indices=sampled.frame_indices))
+        video_kwargs = {"do_sample_frames": False, "video_metadata": metadata} if videos else {}
+        encoded = processor(text=[text], images=[images] if images else None, videos=videos or None,
+                            return_tensors="pt", **video_kwargs)
+    except Exception as error:
+        return sample_id, "error", 0, f"{type(error).__name__}: {error}"
+    return sample_id, "ok", len(encoded["input_ids"][0]), ""
+
+
+def measure(directory: str, method: str, samples: list[tuple], modalities: dict, repeats: int,
+            results: mp.Queue) -> None:
+    from vlm_assets.config import FrameCacheConfig
+    from vlm_assets.tokens.lengths import LengthCounter, Modalities, SampleForLength
+
+    processor = _load(directory)
+    frame_cache = FrameCacheConfig()
+    proven = Modalities(**modalities)
+    if method == "ours":
+        objects = [SampleForLength(*sample) for sample in samples]
+
+        def one_pass(batch):
+            counter = LengthCounter(processor, frame_cache, modalities=proven)
+            if proven.fast_videos:
+                counter.video_tokens_per_clip  # as the product's length_counter: computed once, before counting
+            return [(r.sample_id, r.status, r.token_len, r.reason) for r in counter.count(batch)]
+    else:
+        objects = samples
+
+        def one_pass(batch):
+            return [direct_length(processor, sample) for sample in batch]
+
+    one_pass(objects[:1])  # warm-up (lazy imports, first tokeniser and processor calls), not timed
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times, results = [], None
+    times, cpu, lengths = [], [], []
     for _ in range(repeats):
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
-        if path == "fast":
-            results = counter.fast_many(samples)
-        else:
-            results = [counter.exact(sample) for sample in samples]
+        lengths = one_pass(objects)
         times.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu.append(after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put({"path": path, "times": times, "n": len(samples), "peak_rss_mb": peak / 1024,
-               "rss_growth_mb": (peak - base_rss) / 1024,
-               "lengths": [(r.sample_id, r.status, r.token_len) for r in results]})
+    results.put({"times": times, "cpu": cpu, "peak_rss_mb": peak / 1024, "base_rss_mb": base_rss / 1024,
+                 "lengths": lengths})
 
 
-def measure(samples_dir: Path, path: str, repeats: int) -> dict:
+def in_process(target, *args) -> dict:
+    """Run `target(*args, queue)` in a fresh spawned process and return what it puts."""
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    process = ctx.Process(target=run_path, args=(str(samples_dir), path, repeats, queue))
+    results = ctx.Queue()
+    process = ctx.Process(target=target, args=(*args, results))
     process.start()
-    result = queue.get()
+    while True:
+        try:
+            result = results.get(timeout=1.0)
+            break
+        except queue_module.Empty:
+            if not process.is_alive():
+                raise RuntimeError(f"{target.__name__} process exited with code {process.exitcode} and no result")
     process.join()
     return result
 
 
+# ---- report -------------------------------------------------------------------------------------
+def compare(ours: list[tuple], direct: list[tuple]) -> tuple[int, list[str]]:
+    equal, differences = 0, []
+    direct_by_id = {row[0]: row for row in direct}
+    for sample_id, status, token_len, reason in ours:
+        _id, direct_status, direct_len, direct_error = direct_by_id.get(sample_id, (sample_id, "missing", 0, ""))
+        if status == "ok" and direct_status == "ok" and token_len == direct_len:
+            equal += 1
+        else:
+            ours_text = f"{token_len}" if status == "ok" else f"{status} ({reason})"
+            direct_text = f"{direct_len}" if direct_status == "ok" else f"{direct_status} ({direct_error})"
+            differences.append(f"{sample_id}: ours {ours_text}, direct {direct_text}")
+    return equal, differences
+
+
+def rate(n: int, result: dict) -> float:
+    return n / statistics.median(result["times"])
+
+
+def peak(result: dict) -> str:
+    """Peak RSS, and how much of it came after the processor was loaded and one sample counted."""
+    return f"{result['peak_rss_mb']:.0f} (+{result['peak_rss_mb'] - result['base_rss_mb']:.0f})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=int, default=2000)
-    parser.add_argument("--fast-repeats", type=int, default=3)
+    parser.add_argument("--families", default="", help="comma-separated subset of the families (default: all six)")
+    parser.add_argument("--images", type=int, default=300, help="single-image samples")
+    parser.add_argument("--multi", type=int, default=100, help="multi-image samples (2-4 images each)")
+    parser.add_argument("--videos", type=int, default=12, help="video samples (one video each)")
+    parser.add_argument("--generated", type=int, default=None,
+                        help="generated images (default: images + 3 x multi, at most 300)")
+    parser.add_argument("--repeats", type=int, default=3, help="passes of ours where the fast path counts it all")
+    parser.add_argument("--direct-repeats", type=int, default=1, help="passes of direct (and of ours' exact path)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        samples_dir = make_dataset(Path(tmp), args.samples)
-        fast = measure(samples_dir, "fast", args.fast_repeats)
-        exact = measure(samples_dir, "exact", 1)
-    equal = sum(a == b for a, b in zip(fast["lengths"], exact["lengths"]))
-    n = fast["n"]
-    fast_rate = n / statistics.median(fast["times"])
-    exact_rate = n / statistics.median(exact["times"])
-    print(f"samples: {n} (images: real from shared/data + 300 generated; multi-image ~20%, multi-turn ~30%)")
-    print(f"{'path':<8}{'median s':>10}{'samples/s':>12}{'peak RSS MB':>14}{'RSS growth MB':>15}")
-    for name, result, rate in (("fast", fast, fast_rate), ("exact", exact, exact_rate)):
-        print(f"{name:<8}{statistics.median(result['times']):>10.2f}{rate:>12.1f}{result['peak_rss_mb']:>14.0f}{result['rss_growth_mb']:>15.0f}")
-    print(f"fast / exact throughput: {fast_rate / exact_rate:.1f}x (target >= 30x)")
-    print(f"equal counts: {equal}/{n} ({100 * equal / n:.2f}%)")
+
+    from vlm_assets.tokens.lengths import Modalities
+    from vlm_assets_tests.processor_families import FAMILIES, family_processor_dir
+
+    families = [name.strip() for name in args.families.split(",") if name.strip()] or list(FAMILIES)
+    unknown = [name for name in families if name not in FAMILIES]
+    if unknown:
+        parser.error(f"unknown families {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
+    sizes = {"image": args.images, "multi_image": args.multi, "video": args.videos}
+    generated = args.generated if args.generated is not None else min(300, args.images + 3 * args.multi)
+
+    started = time.perf_counter()
+    all_equal = True
+    with tempfile.TemporaryDirectory(prefix="bench-lengths-") as tmp:
+        root = Path(tmp)
+        images = real_images() + generate_images(root / "generated", generated)
+        videos = [str(SHARED / video) for video in REAL_VIDEOS if (SHARED / video).is_file()]
+        workloads: dict[str, list[tuple]] = {}
+        for seed, workload in enumerate(WORKLOADS):
+            if sizes[workload] <= 0 or (workload == "video" and not videos) or (workload != "video" and not images):
+                continue
+            samples, rejected = catalogue(root, workload, make_records(workload, sizes[workload], images, videos, seed))
+            workloads[workload] = samples
+            by_reason: dict[str, list[str]] = {}
+            for sample_id, reason in rejected:
+                by_reason.setdefault(reason, []).append(sample_id)
+            for reason, ids in by_reason.items():
+                print(f"{workload}: the catalogue rejected {len(ids)} sample(s), e.g. {ids[0]}: {reason}; left out")
+        print(f"images: {len(images) - generated} real from {SHARED} + {generated} generated; "
+              f"videos: {len(videos)} real clips; frame cache: 64 frames at 384²")
+        print("samples: " + ", ".join(f"{w} {len(s)}" for w, s in workloads.items())
+              + "; ~30% multi-turn, ~10% with a system turn")
+        print(f"passes (ours/direct): ours takes the median of {args.repeats} where the fast path counts the "
+              f"whole workload, else of {args.direct_repeats} (exact path); direct the median of "
+              f"{args.direct_repeats}; each measurement in its own process")
+        directories = {family: str(family_processor_dir(family, root / "processors")) for family in families}
+        print(f"processor directories built in {time.perf_counter() - started:.0f} s (with the data)\n")
+
+        header = (f"  {'workload':<12}{'samples':>8}{'ours/s':>10}{'direct/s':>10}{'ours/direct':>12}"
+                  f"{'equal':>12}{'passes':>8}{'ours MB':>14}{'direct MB':>14}{'cpu/wall':>10}")
+        for family in families:
+            profile = in_process(profile_family, directories[family])
+            modalities = Modalities(**profile["modalities"])
+            print(f"{family}: {profile['describe']}")
+            print(f"  (processor loaded in {profile['load_s']:.1f} s, fast path probed in {profile['prove_s']:.1f} s;"
+                  " not in the rates below;\n   MB: peak RSS (+ its growth after loading and one warm-up sample);"
+                  " cpu/wall: ours/direct)")
+            print(header)
+            for workload, samples in workloads.items():
+                refusal = modalities.refusal(WORKLOAD_KINDS[workload])
+                if refusal:
+                    print(f"  {workload:<12}{'':>8}  skipped: {refusal}")
+                    continue
+                fast = modalities.counts_fast(WORKLOAD_KINDS[workload])
+                repeats = args.repeats if fast else args.direct_repeats
+                ours = in_process(measure, directories[family], "ours", samples, profile["modalities"], repeats)
+                direct = in_process(measure, directories[family], "direct", samples, profile["modalities"],
+                                    args.direct_repeats)
+                n = len(samples)
+                equal, differences = compare(ours["lengths"], direct["lengths"])
+                all_equal &= equal == n
+                ours_rate, direct_rate = rate(n, ours), rate(n, direct)
+                usage = "/".join(f"{statistics.median(r['cpu']) / statistics.median(r['times']):.1f}"
+                                 for r in (ours, direct))
+                path = "fast" if fast else "exact"
+                passes = f"{len(ours['times'])}/{len(direct['times'])}"
+                print(f"  {workload:<12}{n:>8}{ours_rate:>10.1f}{direct_rate:>10.1f}{ours_rate / direct_rate:>11.1f}x"
+                      f"{f'{equal}/{n}':>12}{passes:>8}"
+                      f"{peak(ours):>14}{peak(direct):>14}{usage:>10}  ({path} path)")
+                for line in differences[:SHOW_DIFFERENCES]:
+                    print(f"    DIFFERS {line}")
+                if len(differences) > SHOW_DIFFERENCES:
+                    print(f"    ... and {len(differences) - SHOW_DIFFERENCES} more")
+            print()
+    print(f"all counts equal: {'yes' if all_equal else 'NO'}; wall time {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":
