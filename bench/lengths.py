@@ -195,32 +195,17 @@ def profile_family(directory: str, results: mp.Queue) -> None:
 
 
 def direct_length(processor, sample) -> tuple[str, str, int, str]:
-    """The processor called directly per sample, as a trainer calls it."""
-    from transformers.image_utils import load_image
-    from transformers.video_utils import VideoMetadata
+    """The processor called directly per sample, as a trainer calls it (the tests' baseline too)."""
+    from vlm_assets.config import FrameCacheConfig
+    from vlm_assets.tokens.lengths import SampleForLength
+    from vlm_assets_tests.processor_families import direct_length as direct_call
 
-    from vlm_assets.catalog.messages import split_on_placeholders
-    from vlm_assets.frames.decode import decode_sampled_frames
-
-    sample_id, messages, kinds, refs = sample
+    sample_id = sample[0]
     try:
-        conversation = [{"role": message["role"], "content": split_on_placeholders(message["content"])}
-                        for message in json.loads(messages)]
-        text = processor.apply_chat_template(conversation, tokenize=False)
-        images = [load_image(ref) for kind, ref in zip(kinds, refs) if kind == "image"]
-        videos, metadata = [], []
-        for kind, ref in zip(kinds, refs):
-            if kind == "video":
-                sampled, frames = decode_sampled_frames(ref, 64, 384)
-                videos.append(frames)
-                metadata.append(VideoMetadata(total_num_frames=sampled.total_frames, fps=sampled.fps,
-                                              frames_indices=sampled.frame_indices))
-        video_kwargs = {"do_sample_frames": False, "video_metadata": metadata} if videos else {}
-        encoded = processor(text=[text], images=[images] if images else None, videos=videos or None,
-                            return_tensors="pt", **video_kwargs)
+        length = direct_call(processor, SampleForLength(*sample), FrameCacheConfig())
     except Exception as error:
         return sample_id, "error", 0, f"{type(error).__name__}: {error}"
-    return sample_id, "ok", len(encoded["input_ids"][0]), ""
+    return sample_id, "ok", length, ""
 
 
 def measure(directory: str, method: str, samples: list[tuple], modalities: dict, repeats: int,

@@ -9,6 +9,7 @@ on each family, with no model download.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -352,3 +353,29 @@ def _tokenizer(spec: FamilySpec):
     if ids != expected:
         raise RuntimeError(f"{spec.processor_class} tokenizer: special token ids {ids} != {expected}")
     return tokenizer
+
+
+def direct_length(processor: Any, sample: Any, frame_cache: Any) -> int:
+    """The processor called directly on a `SampleForLength`, as a trainer calls it (docs/formats.md §5):
+    the baseline the tests and bench/lengths.py compare the product's counting with."""
+    from transformers.image_utils import load_image
+    from transformers.video_utils import VideoMetadata
+
+    from vlm_assets.catalog.messages import split_on_placeholders
+    from vlm_assets.frames.decode import decode_sampled_frames
+
+    conversation = [{"role": message["role"], "content": split_on_placeholders(message["content"])}
+                    for message in json.loads(sample.messages)]
+    text = processor.apply_chat_template(conversation, tokenize=False)
+    images = [load_image(ref) for kind, ref in zip(sample.media_kinds, sample.media_refs) if kind == "image"]
+    videos, metadata = [], []
+    for kind, ref in zip(sample.media_kinds, sample.media_refs):
+        if kind == "video":
+            sampled, frames = decode_sampled_frames(ref, frame_cache.num_frames, frame_cache.frame_size)
+            videos.append(frames)
+            metadata.append(VideoMetadata(total_num_frames=sampled.total_frames, fps=sampled.fps,
+                                          frames_indices=sampled.frame_indices))
+    video_kwargs = {"do_sample_frames": False, "video_metadata": metadata} if videos else {}
+    encoded = processor(text=[text], images=[images] if images else None, videos=videos or None,
+                        return_tensors="pt", **video_kwargs)
+    return len(encoded["input_ids"][0])

@@ -18,16 +18,15 @@ import pytest
 import yaml
 
 from vlm_assets.catalog.build import build_catalog
-from vlm_assets.catalog.messages import PLACEHOLDER_PATTERN, split_on_placeholders
+from vlm_assets.catalog.messages import PLACEHOLDER_PATTERN
 from vlm_assets.config import ConfigError, FrameCacheConfig, ModelConfig, SourceConfig
-from vlm_assets.frames.decode import decode_sampled_frames
 from vlm_assets.layout import StorageLayout
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import load_processor
 from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, model_types_of, prove_fast_path
 from vlm_assets.tokens.table import sample_kind
 from vlm_assets.tokens.text import control_tokens_of
-from vlm_assets_tests.processor_families import FAMILIES, family_processor_dir
+from vlm_assets_tests.processor_families import FAMILIES, direct_length, family_processor_dir
 from vlm_assets_tests.run_support import run
 from vlm_assets_tests.test_frames import make_video
 
@@ -82,28 +81,6 @@ def real_samples(shared_data, tmp_path_factory) -> list[SampleForLength]:
     assert {"text", "single_image", "multi_image", "video"} <= kinds
     assert {Path(ref).suffix for sample in samples for ref in sample.media_refs} >= {".mp4", ".avi", ".mkv", ".mov"}
     return samples
-
-
-def direct_length(processor, sample: SampleForLength, frame_cache: FrameCacheConfig) -> int:
-    """The processor called directly, as a trainer calls it (docs/formats.md §5)."""
-    from transformers.image_utils import load_image
-    from transformers.video_utils import VideoMetadata
-
-    conversation = [{"role": message["role"], "content": split_on_placeholders(message["content"])}
-                    for message in json.loads(sample.messages)]
-    text = processor.apply_chat_template(conversation, tokenize=False)
-    images = [load_image(ref) for kind, ref in zip(sample.media_kinds, sample.media_refs) if kind == "image"]
-    videos, metadata = [], []
-    for kind, ref in zip(sample.media_kinds, sample.media_refs):
-        if kind == "video":
-            sampled, frames = decode_sampled_frames(ref, frame_cache.num_frames, frame_cache.frame_size)
-            videos.append(frames)
-            metadata.append(VideoMetadata(total_num_frames=sampled.total_frames, fps=sampled.fps,
-                                          frames_indices=sampled.frame_indices))
-    video_kwargs = {"do_sample_frames": False, "video_metadata": metadata} if videos else {}
-    encoded = processor(text=[text], images=[images] if images else None, videos=videos or None,
-                        return_tensors="pt", **video_kwargs)
-    return len(encoded["input_ids"][0])
 
 
 def counter_for(processor, frame_cache: FrameCacheConfig = CLIPS, reject_control_tokens: bool = True) -> LengthCounter:
