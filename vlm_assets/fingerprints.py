@@ -75,7 +75,7 @@ def code_versions(app: AppConfig, processor_fingerprint: str) -> dict[str, str]:
 
 def source_files_digest(source: SourceConfig, excluded: Iterable[Path]) -> str:
     """Digest of every file a source can read (its path, media root and allowed roots, by name, size
-    and mtime) and of its input limits.
+    and mtime), of how it reads them (its kind) and of its input limits.
 
     Hidden entries and `excluded` trees (the storage root, the config file) are left out, so our
     own outputs and config edits never count as a change of the input.
@@ -85,7 +85,7 @@ def source_files_digest(source: SourceConfig, excluded: Iterable[Path]) -> str:
     for root in sorted({source.path, source.media_root, *source.allowed_roots}):
         entries.extend(_tree_entries(Path(root), skip))
     limits = [[str(root) for root in source.allowed_roots], source.max_record_bytes, source.max_json_depth]
-    return digest(str(source.path), str(source.media_root), limits, sorted(set(entries)))
+    return digest(source.kind, str(source.path), str(source.media_root), limits, sorted(set(entries)))
 
 
 def _tree_entries(root: Path, skip: set[str]) -> list[tuple[str, int, int]]:

@@ -3,11 +3,14 @@
 - a subdirectory holding `*.json` files             -> flat_dir source
 - a subdirectory holding `pretrain-*.tar` shards     -> wds source
 - a `*.jsonl` file (media under a sibling directory of the same stem, else the inbox) -> jsonl source
-A source's name is `inbox-<entry name>` (sanitised), so it never collides with configured names.
+A source's name is `inbox-<entry name>` (sanitised), so it never collides with configured names;
+a name the sanitising changed gets a digest of the entry's own name, so that two entries (`set a`,
+`set_a`) never become one source.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +30,10 @@ class InboxEntry:
 
 def source_name_for(entry: Path) -> str:
     stem = entry.name[: -len(".jsonl")] if entry.name.endswith(".jsonl") else entry.name
-    return INBOX_PREFIX + re.sub(r"[^A-Za-z0-9_-]+", "_", stem).strip("_")
+    safe = re.sub(r"[^A-Za-z0-9_-]+", "_", stem).strip("_")
+    if safe != stem:
+        safe = f"{safe}-{hashlib.sha256(stem.encode()).hexdigest()[:8]}"
+    return INBOX_PREFIX + safe
 
 
 def _fingerprint(paths: list[Path]) -> tuple[int, int, float]:
@@ -39,8 +45,10 @@ def discover_inbox(inbox: Path) -> list[InboxEntry]:
     if not inbox.is_dir():
         return []
     entries: list[InboxEntry] = []
+    # A `<stem>.jsonl`'s sibling directory holds its media: it is part of that entry, not one of its own.
+    media_dirs = {name[: -len(".jsonl")] for name in (path.name for path in inbox.iterdir()) if name.endswith(".jsonl")}
     for entry in sorted(inbox.iterdir()):
-        if entry.name.startswith((".", "_")):
+        if entry.name.startswith((".", "_")) or (entry.is_dir() and entry.name in media_dirs):
             continue
         name = source_name_for(entry)
         if entry.is_file() and entry.name.endswith(".jsonl"):

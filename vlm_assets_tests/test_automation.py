@@ -220,3 +220,18 @@ def test_new_videos_flow_and_nightly_integrity(tmp_path, instance, demo_config_p
     result = job.execute_in_process(instance=instance, tags=request.tags, resources=defs.resources)
     evaluations = result.get_asset_check_evaluations()
     assert [(e.partition, e.passed) for e in evaluations] == [(planned[0], True)]
+
+
+def test_inbox_entries_whose_names_sanitise_alike_stay_distinct_sources(tmp_path):
+    inbox = tmp_path / "inbox"
+    for name in ("set a", "set_a", "set-a!"):
+        (inbox / name).mkdir(parents=True)
+        (inbox / name / "0.json").write_text(json.dumps({"messages": [{"role": "user", "content": name}]}))
+    (inbox / "chat.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    (inbox / "chat").mkdir()  # the jsonl's media directory, not an entry of its own
+    (inbox / "chat" / "notes.json").write_text("{}")
+    sources = {entry.source.name: entry.source for entry in discover_inbox(inbox)}
+    assert len(sources) == 4
+    assert sources["inbox-set_a"].path == inbox / "set_a"
+    assert {source.path.name for source in sources.values()} == {"set a", "set_a", "set-a!", "chat.jsonl"}
+    assert sources["inbox-chat"].kind == "jsonl"

@@ -3,7 +3,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from vlm_assets.config import ConfigError, ModelConfig, PackingConfig, load_config
+from vlm_assets.config import ConfigError, ModelConfig, PackingConfig, SourceConfig, load_config
 from vlm_assets.definitions import build_definitions
 
 
@@ -87,3 +87,14 @@ def test_config_from_environment(tmp_path, monkeypatch):
     path = write(tmp_path, "storage: {root: out}\nsources: [{name: a, kind: jsonl, path: train.jsonl}]\n")
     monkeypatch.setenv("VLM_ASSETS_CONFIG", str(path))
     assert load_config().storage_root == tmp_path / "out"
+
+
+def test_a_sources_kind_is_part_of_what_its_catalogue_is_built_from(tmp_path):
+    from dataclasses import replace
+
+    from vlm_assets.fingerprints import source_files_digest
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "0.json").write_text("{}")
+    flat = SourceConfig("s", "flat_dir", tmp_path / "src", tmp_path / "src")
+    assert source_files_digest(flat, []) != source_files_digest(replace(flat, kind="wds"), [])
