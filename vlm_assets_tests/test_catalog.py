@@ -207,3 +207,53 @@ def test_a_check_log_cut_short_keeps_what_it_proved(tmp_path, shared_data):
         log.write('{"ref": "/half-written')
     _, resumed = _build(source, log_path)
     assert (resumed.decoded, resumed.remembered) == (2, 2)
+
+
+def test_a_source_that_changes_or_vanishes_while_read_publishes_no_catalogue(tmp_path):
+    import pytest
+    from PIL import Image
+
+    from vlm_assets.catalog.table import SourceChangedError, write_catalog
+
+    source_dir = tmp_path / "entry"
+    source_dir.mkdir()
+    Image.new("RGB", (8, 8)).save(source_dir / "a.png")
+    for index in range(3):
+        (source_dir / f"{index}.json").write_text(json.dumps(
+            {"messages": [{"role": "user", "content": "<image>?"}], "images": ["a.png"]}))
+    source = SourceConfig("inbox-entry", "flat_dir", source_dir, source_dir)
+    (tmp_path / "out").mkdir()
+    target = tmp_path / "out" / "catalog.parquet"
+
+    class CopyStillArriving(MediaValidator):
+        def error_for(self, ref: str, kind: str) -> str:
+            (source_dir / "3.json").write_text(json.dumps({"messages": [{"role": "user", "content": "late"}]}))
+            return super().error_for(ref, kind)
+
+    with pytest.raises(SourceChangedError, match=r"'inbox-entry': .*entry changed \(4 files, .* after\)"):
+        write_catalog(source, target, "messages", CopyStillArriving())
+    assert not target.exists()
+
+    class Deleted(MediaValidator):
+        def error_for(self, ref: str, kind: str) -> str:
+            for path in source_dir.iterdir():
+                path.unlink()
+            source_dir.rmdir()
+            return super().error_for(ref, kind)
+
+    with pytest.raises(SourceChangedError, match="vanished while it was read; nothing was published"):
+        write_catalog(source, target, "messages", Deleted())
+    assert not target.exists()
+    with pytest.raises(SourceChangedError, match="does not exist"):
+        write_catalog(source, target, "messages", MediaValidator())
+
+
+def test_our_own_outputs_inside_a_source_folder_are_not_a_change(tmp_path):
+    from vlm_assets.catalog.table import write_catalog
+
+    (tmp_path / "0.json").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+    (tmp_path / "vlm_data").mkdir()
+    source = SourceConfig("s", "flat_dir", tmp_path, tmp_path)
+    summary = write_catalog(source, tmp_path / "vlm_data" / "catalog.parquet", "messages", MediaValidator(),
+                            excluded=[tmp_path / "vlm_data"])
+    assert summary.samples == 1

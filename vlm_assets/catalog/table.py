@@ -6,9 +6,10 @@ needs memory for the chunks in flight and the counts below, not for the whole so
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,39 @@ class CatalogSummary:
                 self.reject_reasons[reason_kind(row["reason"])] += 1
 
 
+class SourceChangedError(RuntimeError):
+    """The source's files changed (or vanished) while its catalogue was being read: no catalogue is published."""
+
+
+def source_snapshot(source: SourceConfig, excluded: Iterable[Path] = ()) -> tuple[int, int, int]:
+    """(files, bytes, newest mtime) of what the source's records are read from: its path, and a media
+    root of its own (not one it shares with others, such as the folder a manifest sits in). Hidden
+    entries and `excluded` trees (our own outputs, the config) are left out, as in its fingerprint."""
+    skip = {os.path.realpath(path) for path in excluded}
+    roots = [source.path]
+    if source.media_root != source.path and source.media_root not in source.path.parents:
+        roots.append(source.media_root)
+    files = size = newest = 0
+    for root in roots:
+        for path in _visible_files(root, skip):
+            try:
+                stat = os.stat(path)
+            except OSError:  # gone since it was listed: the next snapshot differs anyway
+                continue
+            files, size, newest = files + 1, size + stat.st_size, max(newest, stat.st_mtime_ns)
+    return files, size, newest
+
+
+def _visible_files(root: Path, skip: set[str]) -> Iterator[str]:
+    if root.is_file():
+        yield str(root)
+        return
+    for directory, subdirectories, names in os.walk(root, followlinks=True):
+        subdirectories[:] = [name for name in subdirectories if not name.startswith(".")
+                             and os.path.realpath(os.path.join(directory, name)) not in skip]
+        yield from (os.path.join(directory, name) for name in names if not name.startswith("."))
+
+
 def write_catalog(
     source: SourceConfig,
     target: Path,
@@ -67,25 +101,39 @@ def write_catalog(
     processes: int = 1,
     progress: Callable[[int], None] | None = None,
     chunk_work: int = CATALOG_CHUNK_WORK,
+    excluded: Iterable[Path] = (),
 ) -> CatalogSummary:
     """Build `source`'s catalogue into `target` (atomically). `progress(rows so far)` after each write.
 
     The validator's check log, if any, is compacted to this build's media once the catalogue is written.
+    A source whose files change or vanish while it is read raises SourceChangedError and publishes
+    nothing; `excluded` trees (the storage root, the config) are not part of it.
     """
     summary = CatalogSummary()
     pending: list[dict] = []
+    if not source.path.exists():
+        raise SourceChangedError(f"source {source.name!r}: {source.path} does not exist (any more)")
+    before = source_snapshot(source, excluded)
     try:
-        with atomic_path(target) as tmp, pq.ParquetWriter(tmp, CATALOG_SCHEMA) as writer:
-            for rows in iter_catalog_chunks(source, text_key, validator, processes, chunk_work):
-                pending.extend(rows)
-                summary.add(rows)
-                if len(pending) >= ROWS_PER_WRITE:
+        with atomic_path(target) as tmp:
+            with pq.ParquetWriter(tmp, CATALOG_SCHEMA) as writer:
+                for rows in iter_catalog_chunks(source, text_key, validator, processes, chunk_work):
+                    pending.extend(rows)
+                    summary.add(rows)
+                    if len(pending) >= ROWS_PER_WRITE:
+                        writer.write_table(pa.Table.from_pylist(pending, schema=CATALOG_SCHEMA))
+                        pending = []
+                        if progress:
+                            progress(summary.samples)
+                if pending:
                     writer.write_table(pa.Table.from_pylist(pending, schema=CATALOG_SCHEMA))
-                    pending = []
-                    if progress:
-                        progress(summary.samples)
-            if pending:
-                writer.write_table(pa.Table.from_pylist(pending, schema=CATALOG_SCHEMA))
+            # Rows read from a source that moved under us would be a partial catalogue that looks complete.
+            after = source_snapshot(source, excluded) if source.path.exists() else None
+            if after != before:
+                state = "vanished" if after is None else f"changed ({before[0]} files, {before[1]} bytes before; {after[0]}, {after[1]} after)"
+                raise SourceChangedError(
+                    f"source {source.name!r}: {source.path} {state} while it was read; nothing was published, "
+                    "run again once it is complete")
     finally:
         if validator.check_log is not None:
             validator.check_log.close()

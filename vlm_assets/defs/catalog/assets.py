@@ -53,6 +53,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         summary = write_catalog(
             source, path, app.sample.text_key, validator, step_processes(),
             progress=lambda n: context.log.info(f"{plural(n, 'record')} catalogued"),
+            excluded=[app.storage_root, app.path],
         )
     context.log.info(
         f"{source.name}: {summary.ok} ok, {summary.rejected} rejected -> {path} "
