@@ -121,7 +121,7 @@ def text_refusal(conversation: list[dict[str, Any]], text: TextCounter, reject_c
     return control_token_in(conversation, text.control_tokens) if reject_control_tokens else ""
 
 
-def counts_fast(sample: SampleForLength, modalities: Modalities, text: TextCounter, reject_control_tokens: bool) -> bool:
+def fast_path_counts(sample: SampleForLength, modalities: Modalities, text: TextCounter, reject_control_tokens: bool) -> bool:
     """Whether the fast path counts this sample: its modalities are proven, and its text holds no control
     token that is kept (only the processor knows what a kept one does: expand it, refuse it, ...)."""
     if not modalities.counts_fast(sample.media_kinds):
@@ -267,7 +267,7 @@ class LengthCounter:
         results: list[LengthResult] = []
         for start in range(0, len(samples), batch_size):
             batch = samples[start:start + batch_size]
-            fast = [counts_fast(sample, self.modalities, self.text, self.reject_control_tokens) for sample in batch]
+            fast = [fast_path_counts(sample, self.modalities, self.text, self.reject_control_tokens) for sample in batch]
             measured = iter(measure_samples([sample for sample, quick in zip(batch, fast) if quick], self.text,
                                             self.modalities, self.reject_control_tokens))
             results.extend(self.complete(next(measured)) if quick else self.exact(sample)

@@ -37,7 +37,7 @@ from vlm_assets.tokens.lengths import (
     MeasuredSample,
     Modalities,
     SampleForLength,
-    counts_fast,
+    fast_path_counts,
     measure_samples,
 )
 from vlm_assets.tokens.profile import ProcessorProfile, length_counter, processor_profile, stored_modalities
@@ -90,7 +90,7 @@ class _ChunkMeasurer:
             SampleForLength(row["sample_id"], row["messages"], row["media_kinds"], row["media_refs"])
             for row in catalog_rows if row["status"] == STATUS_OK
         ]
-        fast = [counts_fast(sample, self.modalities, self.text, self.reject_control_tokens) for sample in ok_samples]
+        fast = [fast_path_counts(sample, self.modalities, self.text, self.reject_control_tokens) for sample in ok_samples]
         measured = iter(measure_samples([sample for sample, quick in zip(ok_samples, fast) if quick], self.text,
                                         self.modalities, self.reject_control_tokens))
         ok = iter(zip(ok_samples, fast))
