@@ -1,11 +1,15 @@
-"""What each asset's output is a function of, as short digests.
+"""What each asset's output was built from, as short digests (its provenance).
 
-Every asset's bytes are determined by its code revision, the config settings it reads and its
-inputs. `code_versions` digests the first two per asset (Dagster shows them as code versions, so a
-config change marks exactly the assets that read the changed settings as stale); `Fingerprints`
-adds the inputs: the files of a source (path, size, modification time) for the catalogue, the
-upstream fingerprints for everything after it. An asset records its fingerprint as its data
-version, and `vlm-assets run` skips an asset whose recorded fingerprint equals the current one.
+An asset's bytes are determined by its code revision, the config settings it reads and the
+inputs it reads. `code_versions` digests the first two per asset (Dagster shows them as code
+versions, so a config change marks exactly the assets that read the changed settings as stale).
+`Fingerprints` adds the inputs: the files of a source (path, size, modification time) for the
+catalogue, and for everything after it the fingerprints its upstream outputs *recorded* when they
+were built, not ones recomputed from today's config. A step computes its fingerprint from the
+settings it loaded and the upstream records it read, and records it as its data version;
+`vlm-assets run` skips an asset whose recorded fingerprint equals the one its inputs give now.
+So an output built from an upstream that has been rebuilt since (a config edited mid-run) never
+counts as up to date.
 
 Bump an asset's entry in REVISIONS when a code change alters what it writes.
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from stat import S_ISLNK
 from typing import Any
@@ -44,18 +48,22 @@ REVISIONS = {
     "training_package": 1,
 }
 
+# The fingerprint an output recorded when it was last built: (asset, partition) -> fingerprint,
+# "" for one never built.
+RecordedFingerprint = Callable[[str, "str | None"], str]
+
 
 def digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def _settings(app: AppConfig, processor_fingerprint: str) -> dict[str, Any]:
-    """The config values each asset reads (beyond its inputs)."""
+    """The global config values each asset's step reads (per-source ones are inputs, see Fingerprints)."""
     fc, sample = app.frame_cache, app.sample
     return {
         "sample_catalog": [sample.text_key, fc.num_frames],
-        "sample_lengths": [processor_fingerprint, fc.num_frames, fc.frame_size],
-        "packing_bins": [sample.sample_type, sample.max_token_len],
+        "sample_lengths": [processor_fingerprint, app.model.model_type, fc.num_frames, fc.frame_size],
+        "packing_bins": [sample.sample_type, sample.max_token_len, app.packing.min_fill_ratio],
         "packed_json": [sample.sample_type],
         "packed_wds_shards": [app.wds.maxcount, app.wds.maxsize],
         "energon_dataset": [sample.sample_type],
@@ -119,52 +127,55 @@ def _tree_entries(root: Path, skip: set[str]) -> list[tuple[str, int, int]]:
 
 
 class Fingerprints:
-    """Current fingerprints of the graph's assets for one config (memoised; cheap to call)."""
+    """Fingerprints of the graph's assets for one config, from their upstreams' recorded fingerprints.
 
-    def __init__(self, app: AppConfig, processor_fingerprint: str, sources: list[SourceConfig]) -> None:
+    `recorded` gives what an upstream output recorded when it was built (the Dagster instance's
+    latest materialisation). A source's catalogue digest is memoised: walking a source is the one
+    costly input, and it is taken once per step (or per `vlm-assets run`).
+    """
+
+    def __init__(self, app: AppConfig, processor_fingerprint: str, sources: list[SourceConfig],
+                 recorded: RecordedFingerprint) -> None:
         self.app = app
         self.versions = code_versions(app, processor_fingerprint)
         self.sources = {source.name: source for source in sources}
-        self._memo: dict[tuple[str, str | None], str] = {}
+        self.recorded = recorded
+        self._source_files: dict[str, str] = {}
 
     def _of(self, asset: str, partition: str | None, *inputs: Any) -> str:
         return digest(asset, self.versions[asset], partition, *inputs)
 
     def of(self, asset: str, partition: str | None = None) -> str:
-        """The current fingerprint of one asset (partition); frame-cache ones follow the plan on disk."""
-        if asset == "frame_cache_shard":
-            return self.frame_cache()[0].get(partition or "", "")
-        if asset == "frame_cache_index":
-            return self.frame_cache()[1]
-        if asset == "training_package":
-            index = self.frame_cache()[1] if "frame_cache" in self.app.package.include else None
-            return self._of("training_package", None, self.of("training_mix"), index)
-        key = (asset, partition)
-        if key not in self._memo:
-            self._memo[key] = getattr(self, f"_{asset}")(partition)
-        return self._memo[key]
+        """The fingerprint `asset` (`partition`) has when built now from its upstreams as recorded."""
+        return getattr(self, f"_{asset}")(partition)
 
     # -- per source ------------------------------------------------------------------------------
     def _sample_catalog(self, source: str) -> str:
-        excluded = [self.app.storage_root, self.app.path]
-        return self._of("sample_catalog", source, source_files_digest(self.sources[source], excluded))
+        if source not in self._source_files:
+            excluded = [self.app.storage_root, self.app.path]
+            self._source_files[source] = source_files_digest(self.sources[source], excluded)
+        return self._of("sample_catalog", source, self._source_files[source])
 
     def _sample_lengths(self, source: str) -> str:
-        return self._of("sample_lengths", source, self.of("sample_catalog", source),
+        return self._of("sample_lengths", source, self.recorded("sample_catalog", source),
                         self.sources[source].special_tokens_in_text)
 
     def _packing_bins(self, source: str) -> str:
-        return self._of("packing_bins", source, self.of("sample_lengths", source), self._sample_type(source))
+        return self._of("packing_bins", source, self._read_with_catalogue("sample_lengths", source), self._sample_type(source))
 
     def _packed_json(self, source: str) -> str:
-        return self._of("packed_json", source, self.of("packing_bins", source), self._sample_type(source))
+        return self._of("packed_json", source, self._read_with_catalogue("packing_bins", source), self._sample_type(source))
 
     def _packed_wds_shards(self, source: str) -> str:
-        return self._of("packed_wds_shards", source, self.of("packed_json", source))
+        return self._of("packed_wds_shards", source, self._read_with_catalogue("packed_json", source))
+
+    def _read_with_catalogue(self, upstream: str, source: str) -> list[str]:
+        """These steps read the catalogue (messages, media refs) beside their upstream table."""
+        return [self.recorded(upstream, source), self.recorded("sample_catalog", source)]
 
     def _energon_dataset(self, source: str) -> str:
-        subflavors = self.sources[source].subflavors
-        return self._of("energon_dataset", source, self.of("packed_wds_shards", source), self._sample_type(source), subflavors)
+        return self._of("energon_dataset", source, self.recorded("packed_wds_shards", source),
+                        self._sample_type(source), self.sources[source].subflavors)
 
     def _sample_type(self, source: str) -> str:
         return self.app.sample_type_of(self.sources[source])
@@ -172,27 +183,33 @@ class Fingerprints:
     # -- across sources --------------------------------------------------------------------------
     def _training_mix(self, _: None) -> str:
         return self._of("training_mix", None, [
-            (name, self.of("energon_dataset", name), self.sources[name].weight) for name in sorted(self.sources)
+            (name, self.recorded("energon_dataset", name), source.weight, self._sample_type(name), source.subflavors)
+            for name, source in sorted(self.sources.items())
         ])
 
     def _video_frame_plan(self, _: None) -> str:
-        files = sorted({path for source in self.sources.values() for path in frames_source_files(source)})
-        known = [(str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in files]
-        return self._of("video_frame_plan", None, [self.of("sample_catalog", name) for name in sorted(self.sources)], known)
+        # Pre-computed frame counts are read as the videos of their source's media root.
+        known = [(name, str(source.media_root), str(path), path.stat().st_size, path.stat().st_mtime_ns)
+                 for name, source in sorted(self.sources.items()) for path in frames_source_files(source)]
+        catalogues = [self.recorded("sample_catalog", name) for name in sorted(self.sources)]
+        return self._of("video_frame_plan", None, catalogues, known)
 
-    def frame_cache(self) -> tuple[dict[str, str], str]:
-        """(fingerprint of every planned shard, of the index over them) from the plan on disk.
+    def _frame_cache_shard(self, shard: str | None) -> str:
+        """A shard's bytes follow from its members in the plan on disk (what its step reads) and the settings."""
+        members = shard_members(read_plan(self._frame_cache_dir())).get(shard or "", [])
+        return self._of("frame_cache_shard", shard, plan_digest(members, self.app.frame_cache))
 
-        A shard's bytes follow from its members in the plan and the settings; the index from the
-        whole plan and the shards.
-        """
-        settings = self.app.frame_cache
-        cache_dir = StorageLayout(self.app.storage_root).frame_cache_dir(settings)
-        plan = read_plan(cache_dir)
-        shards = {
-            shard: self._of("frame_cache_shard", shard, plan_digest(videos, settings))
-            for shard, videos in shard_members(plan).items()
-        }
+    def _frame_cache_index(self, _: None) -> str:
+        """The index follows from the whole plan on disk and the shards as recorded."""
+        cache_dir = self._frame_cache_dir()
         plan_file = cache_dir / PLAN_FILE
         plan_bytes = hashlib.sha256(plan_file.read_bytes()).hexdigest() if plan_file.is_file() else ""
-        return shards, self._of("frame_cache_index", None, plan_bytes, sorted(shards.items()))
+        shards = sorted((shard, self.recorded("frame_cache_shard", shard)) for shard in shard_members(read_plan(cache_dir)))
+        return self._of("frame_cache_index", None, plan_bytes, shards)
+
+    def _training_package(self, _: None) -> str:
+        index = self.recorded("frame_cache_index", None) if "frame_cache" in self.app.package.include else None
+        return self._of("training_package", None, self.recorded("training_mix", None), index)
+
+    def _frame_cache_dir(self) -> Path:
+        return StorageLayout(self.app.storage_root).frame_cache_dir(self.app.frame_cache)

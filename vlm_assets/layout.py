@@ -18,6 +18,11 @@ METADATASET_NAME = "metadataset.yaml"
 class StorageLayout:
     root: Path
 
+    @property
+    def owner(self) -> Path:
+        """Which config file owns this root (vlm_assets.root_owner)."""
+        return self.root / ".vlm_assets_owner.json"
+
     def catalog(self, source: str) -> Path:
         return self.root / "catalog" / f"{source}.parquet"
 

@@ -5,8 +5,9 @@ $DAGSTER_HOME, so the UI shows them exactly like sensor-launched runs. Runs exec
 processes, as many at a time as `--workers`, each as soon as everything it reads has been
 built; a step that fails (or whose ERROR check fails) stops everything downstream of it.
 Before launching anything, runs whose process is gone are failed and their pool slots freed.
-An asset whose recorded fingerprint (data version) equals the current one, and whose output is
-on disk, is not run again unless `force`.
+An asset whose recorded fingerprint (data version) equals the one its upstreams' recorded
+fingerprints and the current settings give (vlm_assets.fingerprints), and whose output is on
+disk, is not run again unless `force`.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ import dagster as dg
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig
 from vlm_assets.defs.resources import (
-    ALIVE_TAG, CHUNKED_TAG, FINGERPRINT_KEY, FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig,
+    ALIVE_TAG, CHUNKED_TAG, FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig, latest_materialization,
+    recorded_fingerprint,
 )
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
-from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.packing.wds import list_shards
+from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
+from vlm_assets.root_owner import claim_storage_root
 from vlm_assets.scale_out.executor import file_sha256
 from vlm_assets.wording import plural
 from vlm_assets.worker_processes import start_workers
@@ -304,6 +307,7 @@ class _Scheduler:
                  shape: GraphShape, force: bool, echo: Callable[[str], None]) -> None:
         self.app, self.instance, self.shape, self.force, self.echo = app, instance, shape, force, echo
         self.vlm_config: VlmConfig = defs.resources["vlm_config"]  # type: ignore[assignment]
+        self.fingerprints = self.vlm_config.fingerprints(instance)
         self.selected = selected
         self.partitions: dict[str, list[str | None]] = {}
         self.state: dict[tuple[str, str | None], str] = {}  # done | up_to_date | failed | blocked | running
@@ -346,21 +350,15 @@ class _Scheduler:
         return deps
 
     def up_to_date(self, asset: str, partition: str | None) -> bool:
+        """Built by a successful run from exactly the inputs its upstreams hold now, and on disk."""
         if self.force:
             return False
         if not all(path.exists() for path in primary_outputs(self.vlm_config, asset, partition)):
             return False
-        records = self.instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition] if partition else None),
-            limit=1,
-        ).records
-        if not records:
+        record = latest_materialization(self.instance, asset, partition)
+        if record is None or recorded_fingerprint(record) != self.fingerprints.of(asset, partition):
             return False
-        materialization = records[0].asset_materialization
-        recorded = materialization.metadata.get(FINGERPRINT_KEY) if materialization else None
-        if getattr(recorded, "value", None) != self.vlm_config.fingerprints.of(asset, partition):
-            return False
-        run = self.instance.get_run_record_by_id(records[0].run_id)
+        run = self.instance.get_run_record_by_id(record.run_id)
         return run is not None and run.dagster_run.status == dg.DagsterRunStatus.SUCCESS
 
     def next_ready(self) -> list[tuple[str, str | None]]:
@@ -409,6 +407,7 @@ def run_graph(
     summary = RunSummary()
     from vlm_assets.defs.automation.dead_runs import assign_stranded_steps, fail_dead_runs
 
+    claim_storage_root(app.storage_root, app.path)
     process_token(app.storage_root)  # a storage root we cannot write to fails here, in one line, before any run
     summary.dead_runs_failed = fail_dead_runs(instance)
     for run_id in summary.dead_runs_failed:

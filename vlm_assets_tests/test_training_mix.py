@@ -16,7 +16,6 @@ from vlm_assets.config import ConfigError, load_config
 from vlm_assets.definitions import build_definitions
 from vlm_assets.defs.automation.sensors import inbox_sensor
 from vlm_assets.defs.resources import SOURCES_PARTITIONS
-from vlm_assets.fingerprints import Fingerprints
 from vlm_assets.layout import StorageLayout
 from vlm_assets.packing.energon import MAIN_FOLDER_NAME
 from vlm_assets.packing.mix import SHARE_SIGMAS
@@ -228,25 +227,3 @@ def test_subflavors_the_mix_sets_are_reserved(tmp_path):
         {"name": "a", "kind": "flat_dir", "path": str(tmp_path), "subflavors": {"source": "b"}}]}))
     with pytest.raises(ConfigError, match=r"sources\[0\]\.subflavors\.source: a subflavor name other than"):
         load_config(config)
-
-
-def test_a_weight_change_rebuilds_only_the_mix_and_a_sample_type_change_the_source(tmp_path):
-    for name in ("a", "b"):
-        flat_source(tmp_path / name, samples=1, seed=7)
-
-    def fingerprints(a_settings: str) -> dict[str, str]:
-        config = write_config(tmp_path, f"sources:\n  - {{name: a, kind: flat_dir, path: ./a{a_settings}}}\n"
-                                        "  - {name: b, kind: flat_dir, path: ./b}\n")
-        current = Fingerprints(load_config(config), "processor", list(load_config(config).sources))
-        return {f"{asset}[{source}]": current.of(asset, source) for asset in SOURCE_LINEAGE[2:] for source in "ab"} | {
-            "training_mix": current.of("training_mix")}
-
-    base = fingerprints("")
-
-    def changed(settings: str) -> list[str]:
-        return sorted(key for key, value in fingerprints(settings).items() if value != base[key])
-
-    assert changed(", weight: 5") == ["training_mix"]
-    assert changed(", subflavors: {language: de}") == ["energon_dataset[a]", "training_mix"]
-    assert changed(", sample_type: packed_vqa") == [
-        "energon_dataset[a]", "packed_json[a]", "packed_wds_shards[a]", "packing_bins[a]", "training_mix"]

@@ -8,10 +8,11 @@ from typing import Any
 import dagster as dg
 
 from vlm_assets.config import AppConfig, ConfigError, SourceConfig, load_config
-from vlm_assets.fingerprints import Fingerprints
+from vlm_assets.fingerprints import Fingerprints, RecordedFingerprint
 from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
 from vlm_assets.locks import file_locks, process_token
+from vlm_assets.root_owner import claim_storage_root
 
 # Run tag: the liveness file (vlm_assets.locks.process_token) of the process executing the run,
 # so a run whose process died can be told from one that is still working.
@@ -26,6 +27,26 @@ FINGERPRINT_KEY = "fingerprint"
 def versioned(metadata: dict[str, Any], fingerprint: str) -> dict[str, Any]:
     """MaterializeResult arguments that record `fingerprint` as data version and in the metadata."""
     return {"metadata": {**metadata, FINGERPRINT_KEY: fingerprint}, "data_version": dg.DataVersion(fingerprint)}
+
+
+def latest_materialization(instance: dg.DagsterInstance, asset: str, partition: str | None) -> dg.EventLogRecord | None:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition] if partition else None),
+        limit=1,
+    ).records
+    return records[0] if records else None
+
+
+def recorded_fingerprint(record: dg.EventLogRecord | None) -> str:
+    """The fingerprint a materialisation recorded ("" for none)."""
+    materialization = record.asset_materialization if record else None
+    value = materialization.metadata.get(FINGERPRINT_KEY) if materialization else None
+    return str(getattr(value, "value", "") or "")
+
+
+def recorded_fingerprints(instance: dg.DagsterInstance) -> RecordedFingerprint:
+    """What each output recorded when it was last built, read from `instance` at each call."""
+    return lambda asset, partition: recorded_fingerprint(latest_materialization(instance, asset, partition))
 from vlm_assets.tokens.lengths import LengthCounter
 from vlm_assets.tokens.processor import processor_fingerprint, shared_processor
 from vlm_assets.tokens.profile import length_counter
@@ -56,9 +77,15 @@ class VlmConfig(dg.ConfigurableResource):
                 return source
         raise ConfigError(f"{self.app.path}: no source named {name!r} in the config or the inbox {self.app.inbox}")
 
-    @cached_property
-    def fingerprints(self) -> Fingerprints:
-        return Fingerprints(self.app, processor_fingerprint(self.app.model), self.sources())
+    def fingerprints(self, instance: dg.DagsterInstance) -> Fingerprints:
+        """Fingerprints under the settings as loaded, from the upstream outputs recorded in `instance`."""
+        return Fingerprints(self.app, processor_fingerprint(self.app.model), self.sources(), recorded_fingerprints(instance))
+
+    def fingerprint(self, context: dg.AssetExecutionContext, asset: str) -> str:
+        """The fingerprint this step's output of `asset` gets: the settings this step loaded and the
+        fingerprints its upstream outputs recorded, read now, before it reads them."""
+        partition = context.partition_key if context.has_partition_key else None
+        return self.fingerprints(context.instance).of(asset, partition)
 
     @contextlib.contextmanager
     def locked(self, log: dg.DagsterLogManager, exclusive: Iterable[str] = (), shared: Iterable[str] = ()) -> Iterator[None]:
@@ -67,6 +94,7 @@ class VlmConfig(dg.ConfigurableResource):
             yield
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        claim_storage_root(self.app.storage_root, self.app.path)
         run = context.run
         if run is not None and context.instance is not None and ALIVE_TAG not in run.tags:
             context.instance.add_run_tags(run.run_id, {ALIVE_TAG: str(process_token(self.app.storage_root))})

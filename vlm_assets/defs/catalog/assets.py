@@ -42,7 +42,7 @@ def _reason_table(reasons: Counter[str]) -> str:
 def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app = vlm_config.app
     source = vlm_config.source(context.partition_key)
-    fingerprint = vlm_config.fingerprints.of("sample_catalog", source.name)
+    fingerprint = vlm_config.fingerprint(context, "sample_catalog")
     context.log.info(f"cataloguing {source.kind} source {source.name!r} at {source.path}")
     path = vlm_config.layout.catalog(source.name)
     with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
@@ -93,7 +93,7 @@ def sample_lengths(
 ) -> dg.MaterializeResult:
     app = vlm_config.app
     source = vlm_config.source(context.partition_key)
-    fingerprint = vlm_config.fingerprints.of("sample_lengths", source.name)
+    fingerprint = vlm_config.fingerprint(context, "sample_lengths")
     path = vlm_config.layout.lengths(source.name)
 
     def loaded(profile: ProcessorProfile) -> None:
@@ -110,7 +110,6 @@ def sample_lengths(
         )
     profile = summary.profile
     lengths = summary.ok_token_lens
-    over = int((lengths > app.sample.max_token_len).sum())
     return dg.MaterializeResult(**versioned({
         "path": dg.MetadataValue.path(str(path)),
         "samples": summary.samples,
@@ -119,8 +118,9 @@ def sample_lengths(
         "total_tokens": int(lengths.sum()),
         "median_tokens": float(np.median(lengths)) if len(lengths) else 0.0,
         "max_tokens": int(lengths.max()) if len(lengths) else 0,
-        "over_max_token_len": over,
-        "length_histogram": dg.MetadataValue.md(length_histogram_md(lengths, app.sample.max_token_len)),
+        # Up to the longest sample, not sample.max_token_len: the lengths do not depend on that setting,
+        # so neither does their table (packing_bins shows the split at max_token_len).
+        "length_histogram": dg.MetadataValue.md(length_histogram_md(lengths, int(lengths.max()) if len(lengths) else 1)),
         "processes": summary.processes,
         "processor": app.model.processor,
         "processor_family": profile.modalities.processor_class,

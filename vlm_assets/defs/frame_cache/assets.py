@@ -63,6 +63,7 @@ def _plan_table(plan: list[PlannedVideo], limit: int = 10) -> str:
 )
 def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app = vlm_config.app
+    fingerprint = vlm_config.fingerprint(context, "video_frame_plan")
     cache_dir = frame_cache_dir(vlm_config)
     videos: list[tuple[str, str]] = []
     missing: list[str] = []
@@ -80,7 +81,6 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         if video.error:
             context.log.warning(f"{video.keys[0]}: {video.error}")
 
-    fingerprint = vlm_config.fingerprints.of("video_frame_plan")
     # The plan is append-only: read, extend and write it as one writer, or two runs could each
     # append to the same old plan and one's videos would be lost.
     with vlm_config.locked(context.log, exclusive=[frame_cache_lock(vlm_config, "plan")]):
@@ -124,6 +124,9 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
     settings = vlm_config.app.frame_cache
     cache_dir = frame_cache_dir(vlm_config)
     shard = context.partition_key
+    # Taken before the plan is read: a plan extended in between then makes the next run rebuild
+    # this shard, never call a shard built from fewer members up to date.
+    fingerprint = vlm_config.fingerprint(context, "frame_cache_shard")
     members = shard_members(read_plan(cache_dir)).get(shard)
     if not members:
         raise dg.Failure(f"{shard}: not in the plan at {cache_dir}; materialise video_frame_plan first")
@@ -134,7 +137,6 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
         if done % LOG_EVERY == 0 or done == len(members):
             context.log.info(f"{shard}: {done}/{len(members)} videos")
 
-    fingerprint = vlm_config.fingerprints.of("frame_cache_shard", shard)
     started = time.perf_counter()
     locks = {"shared": [frame_cache_lock(vlm_config, "content")], "exclusive": [frame_cache_lock(vlm_config, shard)]}
     with vlm_config.locked(context.log, **locks):
@@ -165,7 +167,7 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
 )
 def frame_cache_index(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     cache_dir = frame_cache_dir(vlm_config)
-    fingerprint = vlm_config.fingerprints.of("frame_cache_index")
+    fingerprint = vlm_config.fingerprint(context, "frame_cache_index")
     with vlm_config.locked(context.log, exclusive=[frame_cache_lock(vlm_config, "index")]):
         plan = read_plan(cache_dir)
         summary = write_index(cache_dir, plan, vlm_config.app.frame_cache)

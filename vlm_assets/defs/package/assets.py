@@ -38,7 +38,7 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     wants a timestamp sets $SOURCE_DATE_EPOCH; it becomes the manifest's created_at.
     """
     app, layout = vlm_config.app, vlm_config.layout
-    fingerprint = vlm_config.fingerprints.of("training_package")
+    fingerprint = vlm_config.fingerprint(context, "training_package")
     packages_dir = layout.packages
     spec = spec_from_config(app, warn=context.log.warning)
     target = layout.package_file(spec.name, spec.compress)

@@ -56,7 +56,7 @@ def _source(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> str:
 def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     app, layout = vlm_config.app, vlm_config.layout
     source = _source(context, vlm_config)
-    fingerprint = vlm_config.fingerprints.of("packing_bins", source)
+    fingerprint = vlm_config.fingerprint(context, "packing_bins")
     catalog_path, lengths_path = layout.catalog(source), layout.lengths(source)
     bins_path, rejects_path = layout.bins(source), layout.rejects(source)
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
@@ -106,7 +106,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
 def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app, layout = vlm_config.app, vlm_config.layout
     source = _source(context, vlm_config)
-    fingerprint = vlm_config.fingerprints.of("packed_json", source)
+    fingerprint = vlm_config.fingerprint(context, "packed_json")
     path = layout.packed_json(source)
     sample_type = app.sample_type_of(vlm_config.source(source))
     processes = step_processes()
@@ -135,7 +135,7 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
 def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     app, layout = vlm_config.app, vlm_config.layout
     source = _source(context, vlm_config)
-    fingerprint = vlm_config.fingerprints.of("packed_wds_shards", source)
+    fingerprint = vlm_config.fingerprint(context, "packed_wds_shards")
     jsonl_path = layout.packed_json(source)
     directory = layout.packed_wds(source)
     written = 0
@@ -185,7 +185,7 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
     layout = vlm_config.layout
     source = vlm_config.source(context.partition_key)
     root = layout.packed_wds(source.name)
-    fingerprint = vlm_config.fingerprints.of("energon_dataset", source.name)
+    fingerprint = vlm_config.fingerprint(context, "energon_dataset")
     subflavors = source_subflavors(vlm_config.app, source)
     # Everything it writes is under the source's folder: other sources' metadata is never touched.
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source.name)]):
@@ -212,7 +212,7 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
 )
 def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     layout = vlm_config.layout
-    fingerprint = vlm_config.fingerprints.of("training_mix")
+    fingerprint = vlm_config.fingerprint(context, "training_mix")
     sources = vlm_config.sources()
     path = layout.metadataset
     with vlm_config.locked(context.log, exclusive=[layout.TRAINING_MIX_LOCK], shared=[layout.source_lock(s.name) for s in sources]):

@@ -1,0 +1,181 @@
+"""Every setting is part of the fingerprint of exactly the assets docs/formats.md §1.1 says read it.
+
+The keys come from the config loader itself (its unknown-key errors list what each section
+accepts), so a key added to the loader without a row in §1.1, or a row whose assets do not match
+the fingerprints, fails here.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vlm_assets.config import ConfigError, load_config
+from vlm_assets.fingerprints import Fingerprints
+from vlm_assets.frames.plan import FRAMES_SOURCE_FILE
+from vlm_assets.tokens.processor import processor_fingerprint
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
+SOURCE_ASSETS = ["sample_catalog", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards", "energon_dataset"]
+GLOBAL_ASSETS = ["video_frame_plan", "frame_cache_index", "training_mix", "training_package"]
+SHARD = "part-00000"
+
+# A changed value for every key (several keys where the loader needs them to change together).
+CHANGES: dict[str, dict[str, Any]] = {
+    "storage.root": {"storage.root": "other_root"},
+    "inbox": {"inbox": "other_inbox"},
+    "inbox_require_ready_marker": {"inbox_require_ready_marker": True},
+    "sources[].name": {"sources[].name": "renamed"},
+    "sources[].kind": {"sources[].kind": "wds"},
+    "sources[].path": {"sources[].path": "copy"},
+    "sources[].media_root": {"sources[].media_root": "copy"},
+    "sources[].allowed_roots": {"sources[].allowed_roots": ["copy"]},
+    "sources[].max_record_bytes": {"sources[].max_record_bytes": 4096},
+    "sources[].max_json_depth": {"sources[].max_json_depth": 7},
+    "sources[].special_tokens_in_text": {"sources[].special_tokens_in_text": "keep"},
+    "sources[].sample_type": {"sources[].sample_type": "packed_vqa"},
+    "sources[].weight": {"sources[].weight": 3},
+    "sources[].subflavors": {"sources[].subflavors": {"language": "de"}},
+    "model.model_type": {"model.model_type": "qwen2_vl"},
+    "model.processor": {"model.processor": "processor"},
+    "model.processor_kwargs": {"model.processor_kwargs": {"min_pixels": 3136}},
+    "sample.sample_type": {"sample.sample_type": "packed_vqa"},
+    "sample.max_token_len": {"sample.max_token_len": 1024},
+    "sample.text_key": {"sample.text_key": "conversations"},
+    "packing.algorithm": {"packing.algorithm": "best_fit_decreasing"},
+    "packing.min_fill_ratio": {"packing.min_fill_ratio": 0.5},
+    "wds.maxcount": {"wds.maxcount": 5},
+    "wds.maxsize": {"wds.maxsize": 4096},
+    "frame_cache.num_frames": {"frame_cache.num_frames": 32, "frame_cache.rows": 2},
+    "frame_cache.frame_size": {"frame_cache.frame_size": 224},
+    "frame_cache.rows": {"frame_cache.rows": 8, "frame_cache.cols": 8},
+    "frame_cache.cols": {"frame_cache.rows": 8, "frame_cache.cols": 8},
+    "frame_cache.jpeg_quality": {"frame_cache.jpeg_quality": 80},
+    "frame_cache.videos_per_shard": {"frame_cache.videos_per_shard": 8},
+    "package.name": {"package.name": "other"},
+    "package.compress": {"package.compress": "gzip"},
+    "package.include": {"package.include": ["packed_wds"]},
+    "package.hyperparameters": {"package.hyperparameters": {"lr": 1e-5}},
+    "package.train_command": {"package.train_command": "torchrun train.py"},
+}
+
+
+def documented_readers() -> dict[str, set[str]]:
+    """§1.1's table: key -> the assets whose fingerprint it is part of (asides in parentheses left out)."""
+    section = DOCS.read_text(encoding="utf-8").split("### 1.1 ", 1)[1].split("\n## ", 1)[0]
+    readers = {}
+    for line in section.splitlines():
+        match = re.match(r"\| `([^`]+)` \| (.*) \|$", line)
+        if match:
+            readers[match.group(1)] = set(re.findall(r"`([a-z_]+)`", _without_asides(match.group(2))))
+    return readers
+
+
+def _without_asides(text: str) -> str:
+    kept, depth = [], 0
+    for char in text:
+        depth += char == "("
+        if not depth:
+            kept.append(char)
+        depth -= char == ")" and depth > 0
+    return "".join(kept)
+
+
+def loader_keys(tmp_path: Path) -> set[str]:
+    """Every key the loader accepts, read from its unknown-key errors."""
+
+    def allowed(data: dict[str, Any]) -> list[str]:
+        path = tmp_path / "probe.yaml"
+        path.write_text(yaml.safe_dump(data))
+        with pytest.raises(ConfigError) as error:
+            load_config(path)
+        return re.search(r"unknown key \(allowed: ([^)]*)\)", str(error.value)).group(1).split(", ")
+
+    keys = set()
+    sections = {"storage", "model", "sample", "packing", "wds", "frame_cache", "package"}
+    for key in allowed({"bogus": 1}):
+        if key in sections:
+            keys |= {f"{key}.{name}" for name in allowed({key: {"bogus": 1}})}
+        elif key == "sources":
+            source = {"name": "a", "kind": "flat_dir", "path": str(tmp_path), "bogus": 1}
+            keys |= {f"sources[].{name}" for name in allowed({"sources": [source]})}
+        else:
+            keys.add(key)
+    return keys
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "s1.json").write_text('{"messages": [{"role": "user", "content": "hi"}]}')
+    (source / FRAMES_SOURCE_FILE).write_text("")
+    shutil.copytree(source, tmp_path / "copy")
+    for name in ("other_root", "other_inbox", "processor"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "processor" / "preprocessor_config.json").write_text('{"min_pixels": 3136}')
+    return tmp_path
+
+
+def base_config() -> dict[str, Any]:
+    return {"storage": {"root": "data"}, "inbox": "inbox",
+            "sources": [{"name": "a", "kind": "flat_dir", "path": "source"},
+                        {"name": "b", "kind": "flat_dir", "path": "source"}]}
+
+
+def fingerprints(site: Path, changes: dict[str, Any]) -> dict[str, str]:
+    """Each asset's fingerprint under `changes`, its upstreams' recorded fingerprints held fixed."""
+    config = base_config()
+    for key, value in changes.items():
+        section, _, name = key.rpartition(".")
+        if section == "sources[]":
+            config["sources"][0][name] = value
+        elif section:
+            config.setdefault(section, {})[name] = value
+        else:
+            config[name] = value
+    app = load_config(_written(site, config))
+    current = Fingerprints(app, processor_fingerprint(app.model), list(app.sources),
+                           recorded=lambda asset, partition: f"{asset}[{partition}] as recorded")
+    first = app.sources[0].name
+    return {**{asset: current.of(asset, first) for asset in SOURCE_ASSETS},
+            **{asset: current.of(asset) for asset in GLOBAL_ASSETS},
+            "frame_cache_shard": current.of("frame_cache_shard", SHARD)}
+
+
+def test_every_config_key_has_a_row_in_the_docs(tmp_path):
+    documented = set(documented_readers())
+    accepted = loader_keys(tmp_path)
+    assert accepted - documented == set(), "keys the loader accepts without a row in docs/formats.md §1.1"
+    assert documented - accepted == set(), "rows in docs/formats.md §1.1 for keys the loader does not accept"
+    assert set(CHANGES) == accepted, "a changed value for every key"
+
+
+@pytest.mark.parametrize("key", sorted(CHANGES))
+def test_changing_a_setting_changes_exactly_the_fingerprints_of_its_readers(site, key):
+    readers = documented_readers()
+    base = fingerprints(site, {})
+    changed = fingerprints(site, CHANGES[key])
+    expected = set().union(*(readers[name] for name in CHANGES[key]))
+    assert {asset for asset in base if changed[asset] != base[asset]} == expected
+
+
+def test_an_upstream_rebuilt_since_changes_the_fingerprint_its_follower_should_have(site):
+    """Provenance: a follower's fingerprint is a function of what its upstream recorded, not of the config."""
+    app = load_config(_written(site, base_config()))
+    records = {("packing_bins", "a"): "bins built under max_token_len 8192"}
+    current = Fingerprints(app, "processor", list(app.sources), recorded=lambda asset, partition: records.get((asset, partition), ""))
+    built = current.of("packed_json", "a")
+    records[("packing_bins", "a")] = "bins rebuilt under max_token_len 1024"
+    assert current.of("packed_json", "a") != built
+
+
+def _written(site: Path, config: dict[str, Any]) -> Path:
+    path = site / "vlm_assets.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
