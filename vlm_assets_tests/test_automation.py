@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 
 from vlm_assets.defs.automation.follow import follow_upstream_sensor
-from vlm_assets.defs.automation.inbox_watch import InboxCursor, decide
+from vlm_assets.defs.automation.inbox_watch import InboxCursor, RunOutcome, RunState, decide
 from vlm_assets.defs.automation.integrity import integrity_schedules
 from vlm_assets.defs.automation.sensors import configured_sources_sensor, frame_cache_shards_sensor, inbox_sensor
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS
@@ -43,35 +43,55 @@ def tick(sensor, instance, defs, cursor=None):
     with dg.build_sensor_context(instance_ref=instance.get_ref(), cursor=cursor, definitions=defs, resources=defs.resources) as context:
         result = sensor.evaluate_tick(context)
     for request in result.dynamic_partitions_requests or []:
-        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        if isinstance(request, dg.DeleteDynamicPartitionsRequest):
+            for key in request.partition_keys:
+                instance.delete_dynamic_partition(request.partitions_def_name, key)
+        else:
+            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
     return result
 
 
+def launch(defs, instance, request) -> bool:
+    """Execute a sensor's run request in this process, as the daemon would launch it; whether it succeeded."""
+    return dg.materialize(
+        list(defs.assets) + list(defs.asset_checks or []), selection=request.asset_selection,
+        partition_key=request.partition_key, tags=request.tags, instance=instance, resources=defs.resources,
+        raise_on_error=False,
+    ).success
+
+
 # -- the decision alone ---------------------------------------------------------------------------
+
+
+def no_runs(name):
+    return None
+
+
+def decide_now(inbox, cursor, registered=frozenset(), require_ready_marker=False, latest_run=no_runs):
+    return decide(discover_inbox(inbox), cursor, set(registered), require_ready_marker, latest_run, interval_s=30)
 
 
 def test_new_entry_waits_one_tick_then_launches_once(demo_config_path, tmp_path):
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     drop_flat_source(demo_config_path.parent, inbox)
-    first = decide(discover_inbox(inbox), InboxCursor(), set(), require_ready_marker=False)
-    assert first.ready == [] and "inbox-photos" in first.not_ready
-    second = decide(discover_inbox(inbox), first.cursor, set(), require_ready_marker=False)
-    assert [entry.source.name for entry in second.ready] == ["inbox-photos"]
-    assert second.cursor.waiting == {}
-    third = decide(discover_inbox(inbox), second.cursor, {"inbox-photos"}, require_ready_marker=False)
-    assert third.ready == [] and third.not_ready == {}
+    first = decide_now(inbox, InboxCursor())
+    assert first.launches == [] and "inbox-photos" in first.waiting
+    second = decide_now(inbox, first.cursor)
+    assert [(launch.entry.source.name, launch.attempt) for launch in second.launches] == [("inbox-photos", 1)]
+    third = decide_now(inbox, second.cursor, {"inbox-photos"})
+    assert third.launches == [] and "has not started yet" in third.waiting["inbox-photos"]
 
 
 def test_entry_still_being_copied_waits_until_unchanged(demo_config_path, tmp_path):
     inbox = tmp_path / "inbox"
     source = drop_flat_source(demo_config_path.parent, inbox)
-    cursor = decide(discover_inbox(inbox), InboxCursor(), set(), False).cursor
+    cursor = decide_now(inbox, InboxCursor()).cursor
     (source / "late.json").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
-    copying = decide(discover_inbox(inbox), cursor, set(), False)
-    assert copying.ready == []
-    settled = decide(discover_inbox(inbox), copying.cursor, set(), False)
-    assert [entry.source.name for entry in settled.ready] == ["inbox-photos"]
+    copying = decide_now(inbox, cursor)
+    assert copying.launches == []
+    settled = decide_now(inbox, copying.cursor)
+    assert [launch.entry.source.name for launch in settled.launches] == ["inbox-photos"]
 
 
 def test_ready_marker_is_required_when_configured(demo_config_path, tmp_path):
@@ -79,37 +99,45 @@ def test_ready_marker_is_required_when_configured(demo_config_path, tmp_path):
     source = drop_flat_source(demo_config_path.parent, inbox)
     cursor = InboxCursor()
     for _ in range(3):
-        decision = decide(discover_inbox(inbox), cursor, set(), require_ready_marker=True)
-        assert decision.ready == [] and READY_MARKER in decision.not_ready["inbox-photos"]
+        decision = decide_now(inbox, cursor, require_ready_marker=True)
+        assert decision.launches == [] and READY_MARKER in decision.waiting["inbox-photos"]
         cursor = decision.cursor
     (source / READY_MARKER).touch()
-    cursor = decide(discover_inbox(inbox), cursor, set(), True).cursor  # the marker itself is a change
-    assert [entry.source.name for entry in decide(discover_inbox(inbox), cursor, set(), True).ready] == ["inbox-photos"]
+    cursor = decide_now(inbox, cursor, require_ready_marker=True).cursor  # the marker itself is a change
+    assert [launch.entry.source.name for launch in decide_now(inbox, cursor, require_ready_marker=True).launches] == ["inbox-photos"]
 
 
-def test_cursor_stays_small_as_sources_accumulate(demo_config_path, tmp_path):
-    inbox = tmp_path / "inbox"
-    cursor, registered, sizes = InboxCursor(), set(), []
-    for index in range(12):
-        drop_flat_source(demo_config_path.parent, inbox, name=f"batch{index:02d}")
-        for _ in range(2):
-            decision = decide(discover_inbox(inbox), cursor, registered, False)
-            registered |= {entry.source.name for entry in decision.ready}
-            cursor = decision.cursor
-        sizes.append(len(cursor.to_json()))
-    assert len(registered) == 12
-    assert max(sizes) == min(sizes) < 80, sizes
-
-
-def test_touching_a_launched_entry_makes_it_new_data(demo_config_path, tmp_path):
+def test_running_entry_is_not_relaunched_and_changed_built_entry_is_new_data(demo_config_path, tmp_path):
     inbox = tmp_path / "inbox"
     source = drop_flat_source(demo_config_path.parent, inbox)
-    cursor = decide(discover_inbox(inbox), InboxCursor(), set(), False).cursor
-    cursor = decide(discover_inbox(inbox), cursor, set(), False).cursor
-    later = cursor.mark + 10
-    os.utime(source / "0001.json", (later, later))
-    cursor = decide(discover_inbox(inbox), cursor, {"inbox-photos"}, False).cursor
-    assert [e.source.name for e in decide(discover_inbox(inbox), cursor, {"inbox-photos"}, False).ready] == ["inbox-photos"]
+    cursor = decide_now(inbox, decide_now(inbox, InboxCursor()).cursor).cursor  # launched: attempt 1
+    key = cursor.entries["inbox-photos"].fingerprint
+
+    def latest(state):
+        return lambda name: RunOutcome("run-1", key, 1, state)
+
+    for _ in range(3):
+        running = decide_now(inbox, cursor, {"inbox-photos"}, latest_run=latest(RunState.IN_PROGRESS))
+        assert running.launches == [] and "run-1 (attempt 1) in progress" in running.waiting["inbox-photos"]
+        cursor = running.cursor
+    built = decide_now(inbox, cursor, {"inbox-photos"}, latest_run=latest(RunState.SUCCEEDED))
+    assert built.built == ["inbox-photos"] and built.launches == [] and built.cursor.entries["inbox-photos"].done
+    later = max(path.stat().st_mtime for path in source.iterdir()) + 10
+    os.utime(source / "0001.json", (later, later))  # touching a file of a built entry makes it new data
+    changed = decide_now(inbox, built.cursor, {"inbox-photos"}, latest_run=latest(RunState.SUCCEEDED))
+    assert changed.launches == [] and "still changing" in changed.waiting["inbox-photos"]
+    [again] = decide_now(inbox, changed.cursor, {"inbox-photos"}, latest_run=latest(RunState.SUCCEEDED)).launches
+    assert again.attempt == 1 and again.run_key != f"inbox-photos@{key}"
+
+
+def test_cursor_of_an_earlier_version_keeps_its_launched_entries_done(demo_config_path, tmp_path):
+    inbox = tmp_path / "inbox"
+    drop_flat_source(demo_config_path.parent, inbox)
+    newest = discover_inbox(inbox)[0].fingerprint[2]
+    legacy = InboxCursor.from_json(json.dumps({"mark": newest, "waiting": {}}))
+    decision = decide_now(inbox, legacy, {"inbox-photos"})
+    assert decision.launches == [] and decision.waiting == {} and decision.cursor.entries["inbox-photos"].done
+    assert "mark" not in decision.cursor.to_json()
 
 
 # -- the sensors on a real instance --------------------------------------------------------------
@@ -131,7 +159,7 @@ def test_inbox_sensor_adds_partition_and_requests_packing_lineage_once(inbox_set
     for request in second.run_requests:
         assert sorted(key.to_user_string() for key in request.asset_selection) == PACKING_LINEAGE
         assert request.run_key.startswith(request.partition_key + "@")
-    assert len(second.cursor) < 80
+    assert len(second.cursor) < 2 * 100
     again = tick(inbox_sensor, instance, defs, second.cursor)
     assert again.run_requests == []
     replay = tick(inbox_sensor, instance, defs, first.cursor)  # a lost cursor: same run keys, so no duplicate runs
@@ -151,6 +179,106 @@ def test_inbox_sensor_waits_for_ready_marker(tmp_path, instance, demo_config_pat
     (source / READY_MARKER).touch()
     cursor = tick(inbox_sensor, instance, defs, cursor).cursor
     assert [r.partition_key for r in tick(inbox_sensor, instance, defs, cursor).run_requests] == ["inbox-photos"]
+
+
+def fail_while_entry_is_away(defs, instance, request, entry, stash):
+    """The entry vanishes mid-run (the catalogue step fails), then comes back unchanged (same files and mtimes)."""
+    entry.rename(stash)
+    assert not launch(defs, instance, request)
+    stash.rename(entry)
+
+
+def test_failed_entry_is_retried_with_backoff_and_a_built_one_is_not_relaunched(tmp_path, instance, demo_config_path):
+    config = write_inbox_config(tmp_path / "site")
+    defs = build_definitions(config)
+    entry = drop_flat_source(demo_config_path.parent, config.parent / "inbox")
+    first = tick(inbox_sensor, instance, defs)
+    launched = tick(inbox_sensor, instance, defs, first.cursor)
+    [request] = launched.run_requests
+    fail_while_entry_is_away(defs, instance, request, entry, tmp_path / "away")
+    [failed_run] = instance.get_runs()
+
+    noticed = tick(inbox_sensor, instance, defs, launched.cursor)
+    assert noticed.run_requests == []
+    assert noticed.skip_message.startswith(f"inbox-photos: run {failed_run.run_id} failed (sample_catalog: ")
+    assert "no source named 'inbox-photos'" in noticed.skip_message and "retry 2 in ~30 s" in noticed.skip_message
+    retrying = tick(inbox_sensor, instance, defs, noticed.cursor)  # after one tick of back-off
+    [retry] = retrying.run_requests
+    assert retry.run_key == request.run_key + "#2" and retry.tags["vlm_assets/inbox_attempt"] == "2"
+    assert instance.get_dynamic_partitions(SOURCES_PARTITIONS.name) == ["inbox-photos"]
+
+    fail_while_entry_is_away(defs, instance, retry, entry, tmp_path / "away")
+    cursor, messages = retrying.cursor, []
+    for _ in range(2):  # the second failure sits out two ticks
+        waiting = tick(inbox_sensor, instance, defs, cursor)
+        assert waiting.run_requests == []
+        messages.append(waiting.skip_message)
+        cursor = waiting.cursor
+    assert "retry 3 in ~60 s" in messages[0] and "retry 3 in ~30 s" in messages[1], messages
+    third_tick = tick(inbox_sensor, instance, defs, cursor)
+    [third] = third_tick.run_requests
+    assert third.run_key == request.run_key + "#3"
+
+    assert launch(defs, instance, third)  # the fault has cleared
+    built = tick(inbox_sensor, instance, defs, third_tick.cursor)
+    assert built.run_requests == [] and built.skip_message.startswith("no new finished sources")
+    for _ in range(3):
+        built = tick(inbox_sensor, instance, defs, built.cursor)
+        assert built.run_requests == []
+    assert json.loads(built.cursor)["entries"]["inbox-photos"]["done"] is True
+
+
+def test_gone_or_failed_inbox_sources_do_not_hold_back_training_mix(tmp_path, instance, demo_config_path):
+    config = write_inbox_config(tmp_path / "site")
+    defs = build_definitions(config)
+    inbox = config.parent / "inbox"
+    entries = {name: drop_flat_source(demo_config_path.parent, inbox, name=name) for name in ("photos", "broken", "gone")}
+    follow = follow_upstream_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+    launched = tick(inbox_sensor, instance, defs, tick(inbox_sensor, instance, defs).cursor)
+    requests = {request.partition_key: request for request in launched.run_requests}
+    assert launch(defs, instance, requests["inbox-photos"])
+    fail_while_entry_is_away(defs, instance, requests["inbox-broken"], entries["broken"], tmp_path / "away")
+    shutil.rmtree(entries["gone"])  # registered, deleted before its run started
+
+    def mix_requested(follow):
+        return any(dg.AssetKey("training_mix") in request.asset_selection for request in follow.run_requests)
+
+    follow = follow_upstream_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=follow.cursor, definitions=defs))
+    assert not mix_requested(follow)  # inbox-gone's energon_dataset is missing and not failed: the mix waits
+
+    swept = tick(inbox_sensor, instance, defs, launched.cursor)
+    assert set(instance.get_dynamic_partitions(SOURCES_PARTITIONS.name)) == {"inbox-photos", "inbox-broken"}
+    assert "inbox-gone: entry gone, unregistered" in swept.skip_message
+    assert "inbox-broken: run " in swept.skip_message and "retry 2 in" in swept.skip_message
+    follow = follow_upstream_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=follow.cursor, definitions=defs))
+    assert mix_requested(follow)  # the failed source no longer holds it back either
+
+    shutil.rmtree(entries["broken"])
+    tick(inbox_sensor, instance, defs, swept.cursor)
+    assert instance.get_dynamic_partitions(SOURCES_PARTITIONS.name) == ["inbox-photos"]
+    mix = dg.materialize(list(defs.assets) + list(defs.asset_checks or []), selection=["training_mix"],
+                         instance=instance, resources=defs.resources)
+    [materialization] = mix.asset_materializations_for_node("training_mix")
+    assert materialization.metadata["sources"].value == 1
+
+
+def test_inbox_cursor_is_bounded_by_the_entries_present(tmp_path, instance, demo_config_path):
+    config = write_inbox_config(tmp_path / "site")
+    defs = build_definitions(config)
+    inbox = config.parent / "inbox"
+    cursor, sizes = None, []
+    for index in range(12):
+        drop_flat_source(demo_config_path.parent, inbox, name=f"batch{index:02d}")
+        for _ in range(2):
+            cursor = tick(inbox_sensor, instance, defs, cursor).cursor
+        sizes.append(len(cursor))
+    assert len(instance.get_dynamic_partitions(SOURCES_PARTITIONS.name)) == 12
+    assert all(size <= 100 * (index + 1) for index, size in enumerate(sizes)), sizes
+    for index in range(12):
+        shutil.rmtree(inbox / f"batch{index:02d}")
+    drained = tick(inbox_sensor, instance, defs, cursor)
+    assert instance.get_dynamic_partitions(SOURCES_PARTITIONS.name) == []
+    assert json.loads(drained.cursor) == {"entries": {}}
 
 
 def test_configured_sources_sensor_registers_partitions_without_runs(instance, demo_config_path):

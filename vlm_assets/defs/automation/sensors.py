@@ -3,20 +3,33 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import dagster as dg
 
-from vlm_assets.defs.automation.inbox_watch import InboxCursor, decide, fingerprint_key
+from vlm_assets.defs.automation.inbox_watch import (
+    InboxCursor,
+    RunOutcome,
+    RunState,
+    decide,
+    fingerprint_key,
+    vanished_sources,
+)
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.frames.index import done_shards
 from vlm_assets.frames.plan import read_plan, shard_members
 from vlm_assets.frames.shard import plan_digest
-from vlm_assets.inbox import discover_inbox
+from vlm_assets.inbox import InboxEntry, discover_inbox
+from vlm_assets.runner import root_cause
 from vlm_assets.wording import plural
 
 INTERVAL_ENV_VAR = "VLM_ASSETS_SENSOR_INTERVAL_S"
 SENSOR_INTERVAL_S = int(os.environ.get(INTERVAL_ENV_VAR, "30"))
 LAUNCHED_BY_TAG = "vlm_assets/launched_by"
+# What the inbox sensor reads back from the runs it launched: whose they are, for which files, which try.
+INBOX_ENTRY_TAG = "vlm_assets/inbox_entry"
+INBOX_FINGERPRINT_TAG = "vlm_assets/inbox_fingerprint"
+INBOX_ATTEMPT_TAG = "vlm_assets/inbox_attempt"
 
 VIDEO_FRAME_PLAN = dg.AssetKey("video_frame_plan")
 FRAME_CACHE_SHARD = dg.AssetKey("frame_cache_shard")
@@ -26,38 +39,100 @@ PACKING_LINEAGE = [dg.AssetKey(name) for name in
                     "energon_dataset")]
 
 
+def latest_inbox_run(instance: dg.DagsterInstance, name: str) -> RunOutcome | None:
+    """The newest run the inbox sensor launched for an entry, with its outcome (and, if it failed, why)."""
+    runs = instance.get_runs(filters=dg.RunsFilter(tags={INBOX_ENTRY_TAG: name}), limit=1)
+    if not runs:
+        return None
+    run = runs[0]
+    if not run.is_finished:
+        state, why = RunState.IN_PROGRESS, ""
+    elif run.is_success:
+        state, why = RunState.SUCCEEDED, ""
+    else:
+        state, why = RunState.FAILED, _failure_cause(instance, run)
+    return RunOutcome(run.run_id, run.tags.get(INBOX_FINGERPRINT_TAG, ""), int(run.tags.get(INBOX_ATTEMPT_TAG, "1")), state, why)
+
+
+def _failure_cause(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
+    if run.status == dg.DagsterRunStatus.CANCELED:
+        return "canceled"
+    for record in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+        return f"{record.dagster_event.step_key}: {root_cause(record.dagster_event.step_failure_data.error)}"
+    for record in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
+        return record.message
+    return ""
+
+
 @dg.sensor(
     name="inbox_sensor",
     target=dg.AssetSelection.assets(*PACKING_LINEAGE),
     minimum_interval_seconds=SENSOR_INTERVAL_S,
     default_status=dg.DefaultSensorStatus.STOPPED,
     description="Turns each finished inbox entry (directory of JSON or pretrain-*.tar, or *.jsonl) into a "
-    "`sources` partition and runs its packing lineage; entries still being copied wait.",
+    "`sources` partition and runs its packing lineage; entries still being copied wait, a failed run is "
+    "retried with back-off, and a source whose entry is gone is unregistered.",
 )
 def inbox_sensor(context: dg.SensorEvaluationContext, vlm_config: VlmConfig) -> dg.SensorResult:
-    app = vlm_config.app
-    registered = set(context.instance.get_dynamic_partitions(SOURCES_PARTITIONS.name))
-    decision = decide(discover_inbox(app.inbox), InboxCursor.from_json(context.cursor), registered,
-                      app.inbox_require_ready_marker)
-    for name, reason in decision.not_ready.items():
-        context.log.info(f"{name}: waiting ({reason})")
-    if not decision.ready:
-        return dg.SensorResult(skip_reason=f"no new finished sources in {app.inbox}", cursor=decision.cursor.to_json())
-    new_keys = [entry.source.name for entry in decision.ready if entry.source.name not in registered]
+    app, instance = vlm_config.app, context.instance
+    registered = set(instance.get_dynamic_partitions(SOURCES_PARTITIONS.name))
+    entries = discover_inbox(app.inbox)
+    decision = decide(entries, InboxCursor.from_json(context.cursor), registered, app.inbox_require_ready_marker,
+                      lambda name: latest_inbox_run(instance, name), SENSOR_INTERVAL_S)
+    for name in decision.built:
+        context.log.info(f"{name}: packing lineage built; launched again only when its files change")
+    for name, reason in decision.waiting.items():
+        if name in decision.failed:
+            context.log.warning(f"{name}: {reason}; training_mix and the other followers do not wait for it")
+        else:
+            context.log.info(f"{name}: waiting ({reason})")
+    gone = _unregistrable(context, app.inbox, entries, registered, {source.name for source in app.sources})
+
+    partition_requests = []
+    new_keys = [launch.entry.source.name for launch in decision.launches if launch.entry.source.name not in registered]
+    if new_keys:
+        partition_requests.append(SOURCES_PARTITIONS.build_add_request(new_keys))
+    if gone:
+        partition_requests.append(SOURCES_PARTITIONS.build_delete_request(gone))
     runs = []
-    for entry in decision.ready:
-        context.log.info(f"{entry.source.name}: {entry.source.kind} source at {entry.source.path}, launching its packing lineage")
+    for launch in decision.launches:
+        source = launch.entry.source
+        again = f" (attempt {launch.attempt})" if launch.attempt > 1 else ""
+        context.log.info(f"{source.name}: {source.kind} source at {source.path}, launching its packing lineage{again}")
         runs.append(dg.RunRequest(
-            run_key=f"{entry.source.name}@{fingerprint_key(entry)}",
-            partition_key=entry.source.name,
+            run_key=launch.run_key,
+            partition_key=source.name,
             asset_selection=PACKING_LINEAGE,
-            tags={LAUNCHED_BY_TAG: "inbox_sensor"},
+            tags={LAUNCHED_BY_TAG: "inbox_sensor", INBOX_ENTRY_TAG: source.name,
+                  INBOX_FINGERPRINT_TAG: fingerprint_key(launch.entry), INBOX_ATTEMPT_TAG: str(launch.attempt)},
         ))
-    return dg.SensorResult(
-        run_requests=runs,
-        dynamic_partitions_requests=[SOURCES_PARTITIONS.build_add_request(new_keys)] if new_keys else [],
-        cursor=decision.cursor.to_json(),
-    )
+    news = [f"{name}: {why}" for name, why in decision.failed.items()] + [f"{name}: entry gone, unregistered" for name in gone]
+    skip_reason = None if runs else "; ".join(news) or f"no new finished sources in {app.inbox}"
+    return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=partition_requests,
+                           skip_reason=skip_reason, cursor=decision.cursor.to_json())
+
+
+def _unregistrable(
+    context: dg.SensorEvaluationContext, inbox: Path, entries: list[InboxEntry], registered: set[str],
+    configured: set[str],
+) -> list[str]:
+    """Inbox sources whose entry is gone and whose last run has ended: their partitions are deleted, so
+    training_mix and the other followers stop waiting for them. Built data stays under the storage root."""
+    vanished = vanished_sources(entries, registered, configured)
+    if vanished and not inbox.is_dir():
+        # An inbox that is itself missing (an unmounted share) says nothing about its entries.
+        context.log.warning(f"inbox {inbox} is not a directory: {', '.join(vanished)} stay registered")
+        return []
+    gone = []
+    for name in vanished:
+        run = latest_inbox_run(context.instance, name)
+        if run is not None and run.state is RunState.IN_PROGRESS:
+            context.log.info(f"{name}: its inbox entry is gone; unregistered once run {run.run_id} ends")
+            continue
+        context.log.warning(f"{name}: its inbox entry is gone; unregistered (its `sources` partition deleted), so "
+                            "training_mix and the other followers no longer wait for it")
+        gone.append(name)
+    return gone
 
 
 @dg.sensor(
