@@ -14,6 +14,7 @@ import dagster as dg
 import yaml
 
 from vlm_assets.config import load_config
+from vlm_assets.layout import StorageLayout
 from vlm_assets.locks import LOCK_DIR
 from vlm_assets.runner import ASSET_TAG
 
@@ -59,11 +60,13 @@ def run(config: Path, home: Path, *args: str, timeout: float = RUN_TIMEOUT_S) ->
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """sha256 of every output file under `root`, by relative path (coordination files left out)."""
+    """sha256 of every output file under `root`, by relative path (coordination files and the root's
+    owner record, which names the config file by its absolute path, left out)."""
     digests = {}
+    owner = StorageLayout(root).owner
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root)
-        if relative.parts[0] == LOCK_DIR or not path.is_file():
+        if relative.parts[0] == LOCK_DIR or path == owner or not path.is_file():
             continue
         digests[str(relative)] = hashlib.sha256(path.read_bytes()).hexdigest()
     return digests

@@ -252,14 +252,16 @@ def test_gone_or_failed_inbox_sources_do_not_hold_back_training_mix(tmp_path, in
     assert "inbox-broken: run " in swept.skip_message and "retry 2 in" in swept.skip_message
     follow = follow_upstream_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=follow.cursor, definitions=defs))
     assert mix_requested(follow)  # the failed source no longer holds it back either
-
-    shutil.rmtree(entries["broken"])
-    tick(inbox_sensor, instance, defs, swept.cursor)
-    assert instance.get_dynamic_partitions(SOURCES_PARTITIONS.name) == ["inbox-photos"]
+    # ... and the mix is built without it while it waits for its retry, saying so.
     mix = dg.materialize(list(defs.assets) + list(defs.asset_checks or []), selection=["training_mix"],
                          instance=instance, resources=defs.resources)
     [materialization] = mix.asset_materializations_for_node("training_mix")
     assert materialization.metadata["sources"].value == 1
+    assert "no Energon dataset yet" in materialization.metadata["left_out"].value["inbox-broken"]
+
+    shutil.rmtree(entries["broken"])
+    tick(inbox_sensor, instance, defs, swept.cursor)
+    assert instance.get_dynamic_partitions(SOURCES_PARTITIONS.name) == ["inbox-photos"]
 
 
 def test_inbox_cursor_is_bounded_by_the_entries_present(tmp_path, instance, demo_config_path):

@@ -11,6 +11,7 @@ from vlm_assets.config import AppConfig, ConfigError, SourceConfig, load_config
 from vlm_assets.fingerprints import Fingerprints, RecordedFingerprint
 from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
+from vlm_assets.packing.mix import mixable
 from vlm_assets.locks import file_locks, process_token
 from vlm_assets.root_owner import claim_storage_root
 
@@ -70,6 +71,15 @@ class VlmConfig(dg.ConfigurableResource):
         configured = list(self.app.sources)
         names = {source.name for source in configured}
         return configured + [source for source in inbox_sources(self.app.inbox) if source.name not in names]
+
+    def mix_sources(self, log: dg.DagsterLogManager) -> tuple[list[SourceConfig], dict[str, str]]:
+        """The sources the training mix takes; inbox sources not built yet are left out (logged, with why)."""
+        configured = {source.name for source in self.app.sources}
+        sources = self.sources()
+        taken, left_out = mixable(sources, self.layout, optional={s.name for s in sources} - configured)
+        for name, reason in left_out.items():
+            log.warning(f"{name}: left out of the training mix: {reason}")
+        return taken, left_out
 
     def source(self, name: str) -> SourceConfig:
         for source in self.sources():

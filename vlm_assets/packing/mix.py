@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,22 @@ class MixEntry:
 def source_subflavors(app: AppConfig, source: SourceConfig) -> dict[str, Any]:
     """What Energon hands a cooker with each of the source's samples: its configured subflavors, sample type and name."""
     return {**source.subflavors, "sample_type": app.sample_type_of(source), "source": source.name}
+
+
+def mixable(sources: Iterable[SourceConfig], layout: StorageLayout, optional: Collection[str]) -> tuple[list[SourceConfig], dict[str, str]]:
+    """The sources the mix takes, and why each `optional` one without an Energon dataset is left out.
+
+    Inbox sources are optional: one whose lineage has not succeeded (yet) would otherwise hold back
+    the mix of every other source. A configured source is never left out (mix_entries names what it lacks).
+    """
+    taken, left_out = [], {}
+    for source in sources:
+        meta = layout.packed_wds(source.name) / MAIN_FOLDER_NAME / DATASET_YAML
+        if source.name in optional and not meta.is_file():
+            left_out[source.name] = f"no Energon dataset yet ({meta} missing); it joins once its packing lineage succeeds"
+        else:
+            taken.append(source)
+    return taken, left_out
 
 
 def mix_entries(app: AppConfig, sources: Iterable[SourceConfig], layout: StorageLayout) -> list[MixEntry]:

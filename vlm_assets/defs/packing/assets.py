@@ -213,7 +213,7 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
 def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     layout = vlm_config.layout
     fingerprint = vlm_config.fingerprint(context, "training_mix")
-    sources = vlm_config.sources()
+    sources, left_out = vlm_config.mix_sources(context.log)
     path = layout.metadataset
     with vlm_config.locked(context.log, exclusive=[layout.TRAINING_MIX_LOCK], shared=[layout.source_lock(s.name) for s in sources]):
         try:
@@ -236,4 +236,5 @@ def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         "tokens": sum(entry.tokens for entry in entries),
         "mix": dg.MetadataValue.md(mix_table_md(entries)),
         "token_shares": dg.MetadataValue.json({source: round(share, 6) for source, share in tokens.items()}),
+        "left_out": dg.MetadataValue.json(left_out),
     }, fingerprint))

@@ -126,7 +126,7 @@ def training_mix_draws_match_weights(context: dg.AssetCheckExecutionContext, vlm
     )
 
     layout = vlm_config.layout
-    sources = vlm_config.sources()
+    sources, _ = vlm_config.mix_sources(context.log)
     with vlm_config.locked(context.log, shared=[layout.TRAINING_MIX_LOCK, *(layout.source_lock(s.name) for s in sources)]):
         try:
             entries = mix_entries(vlm_config.app, sources, layout)
