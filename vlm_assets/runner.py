@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import re
 import signal
 import threading
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import dagster as dg
 
 from vlm_assets.atomic import atomic_write_text
+from vlm_assets.defs.failures import root_cause
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig
 from vlm_assets.defs.resources import (
     ALIVE_TAG, CHUNKED_TAG, FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig, latest_materialization,
@@ -236,24 +236,6 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
         outcome.failure = outcome.failure or "the run failed (see its log)"
         outcome.log_path = str(write_run_log(instance, result.run_id, Path(log_dir)))
     return outcome
-
-
-ERRNO_MESSAGE = re.compile(r"\[Errno \d+\] (?P<reason>[^:']+): '(?P<path>[^']*)'")
-
-
-def root_cause(error) -> str:
-    """One line naming what went wrong: the first of the chained errors that is not Dagster's wrapper."""
-    if error is None:
-        return "unknown error"
-    while error.cause is not None and error.cls_name.startswith("Dagster"):
-        error = error.cause
-    message = (error.message or "").strip()
-    found = ERRNO_MESSAGE.search(message)
-    if found:
-        return f"{found['reason']}: {found['path']}"
-    first = message.splitlines()[0] if message else error.cls_name
-    first = re.sub(r"^[\w.]+(Error|Exception|Failure): ", "", first)
-    return first if error.cls_name in {"Failure", "ConfigError"} else f"{first} ({error.cls_name})"
 
 
 def write_run_log(instance: dg.DagsterInstance, run_id: str, log_dir: Path) -> Path:

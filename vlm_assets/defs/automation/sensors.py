@@ -20,7 +20,7 @@ from vlm_assets.frames.index import done_shards
 from vlm_assets.frames.plan import read_plan, shard_members
 from vlm_assets.frames.shard import plan_digest
 from vlm_assets.inbox import InboxEntry, discover_inbox
-from vlm_assets.runner import root_cause
+from vlm_assets.defs.failures import root_cause
 from vlm_assets.wording import plural
 
 INTERVAL_ENV_VAR = "VLM_ASSETS_SENSOR_INTERVAL_S"
