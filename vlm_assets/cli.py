@@ -6,13 +6,18 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import NoReturn
 
 from vlm_assets.config import CONFIG_ENV_VAR, ConfigError, load_config
 from vlm_assets.dagster_home import ensure_dagster_home
+from vlm_assets.instance_outage import InstanceUnreachable, as_outage, require_reachable
 from vlm_assets.parallel import exit_without_teardown
 from vlm_assets.worker_processes import default_workers, start_workers
+
+EXIT_INSTANCE_UNREACHABLE = 3
+TRACEBACK_ENV_VAR = "VLM_ASSETS_TRACEBACK"  # set to 1: a handled error prints its traceback before its line
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -35,6 +40,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     dagster = Path(sys.executable).parent / "dagster"  # the venv's, which a fresh shell has no PATH to
     print(f"Dagster instance: {home}  (see the runs with: DAGSTER_HOME={home} VLM_ASSETS_CONFIG={app.path} "
           f"{dagster} dev)", flush=True)
+    # Before the workers start: each would wait out Dagster's connection retries on its own.
+    require_reachable(home)
     workers = args.workers or default_workers()
     started = time.monotonic()
     # Before this process imports Dagster: the workers' own loads then overlap it.
@@ -97,17 +104,31 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except InstanceUnreachable as error:
+        return _failed(error, f"error: {error}", EXIT_INSTANCE_UNREACHABLE)
     except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
-        return 2
+        return _failed(error, f"config error: {error}", 2)
     except (FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return _failed(error, f"error: {error}", 2)
     except OSError as error:
         # Disk full, read-only filesystem, permissions: the operator needs the reason and the path.
         reason = error.strerror or str(error)
-        print(f"error: {reason}: {error.filename}" if error.filename else f"error: {reason}", file=sys.stderr)
-        return 1
+        return _failed(error, f"error: {reason}: {error.filename}" if error.filename else f"error: {reason}", 1)
+    except Exception as error:
+        # The instance's PostgreSQL gone (at start, or mid-run past Dagster's retries) surfaces as
+        # whatever storage call noticed it first; its chain says so. Anything else stays a traceback.
+        outage = as_outage(error, Path(os.environ["DAGSTER_HOME"])) if os.environ.get("DAGSTER_HOME") else None
+        if outage is None:
+            raise
+        return _failed(error, f"error: {outage}", EXIT_INSTANCE_UNREACHABLE)
+
+
+def _failed(error: BaseException, line: str, code: int) -> int:
+    """One line on stderr (after the traceback when $VLM_ASSETS_TRACEBACK is set); the exit code."""
+    if os.environ.get(TRACEBACK_ENV_VAR, "").strip().lower() in ("1", "true", "yes"):
+        traceback.print_exception(error, file=sys.stderr)
+    print(line, file=sys.stderr)
+    return code
 
 
 def console_main() -> NoReturn:

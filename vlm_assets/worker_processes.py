@@ -49,16 +49,41 @@ def _load_code_location(config_path: str) -> None:
     worker_state(config_path)
 
 
-def start_workers(config_path: str, workers: int) -> concurrent.futures.ProcessPoolExecutor:
+class WorkerPool(concurrent.futures.ProcessPoolExecutor):
+    """The workers of one `vlm-assets run`. Left because the instance became unreachable, it kills
+    them with their runs rather than wait: those runs can no longer record their end (the next run
+    fails them as dead), and a long step would keep the CLI waiting without a word."""
+
+    workers: list[multiprocessing.process.BaseProcess]
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        from vlm_assets.instance_outage import is_outage
+
+        if exc is not None and is_outage(exc):
+            for worker in (worker for worker in self.workers if worker.is_alive()):
+                try:
+                    # Its whole session (see _worker_init): the step's own helper processes too.
+                    os.killpg(worker.pid, signal.SIGKILL)
+                except ProcessLookupError:  # not yet in a session of its own
+                    worker.kill()
+            self.shutdown(wait=True, cancel_futures=True)
+            return False
+        return super().__exit__(exc_type, exc, traceback)
+
+
+def start_workers(config_path: str, workers: int) -> WorkerPool:
     """`workers` worker processes for `run_graph`, already loading the code location.
 
     $DAGSTER_HOME must be set first (see `vlm_assets.dagster_home`): the workers open that instance.
     """
-    pool = concurrent.futures.ProcessPoolExecutor(
+    pool = WorkerPool(
         max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
         initargs=(os.getpid(), config_path),
     )
+    others = set(multiprocessing.active_children())
     for _ in range(max(1, workers)):
         # A failed load is not reported here: the first run in that process fails with the error.
         pool.submit(_load_code_location, config_path)
+    # Each submit above starts one worker, until there are `workers` of them.
+    pool.workers = [child for child in multiprocessing.active_children() if child not in others]
     return pool

@@ -9,6 +9,7 @@ import os
 
 from vlm_assets.config import CONFIG_ENV_VAR, load_config
 from vlm_assets.dagster_home import POSTGRES_HOST_ENV, ensure_dagster_home
+from vlm_assets.instance_outage import require_reachable
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.worker_processes import default_workers
 
@@ -39,6 +40,7 @@ def start_worker(args: argparse.Namespace) -> int:
     from vlm_assets.runner import open_instance
 
     home = ensure_dagster_home(app.path.parent / ".dagster_home")
+    require_reachable(home)
     with open_instance(home) as instance:
         storage = type(instance.run_storage).__name__
     print(f"Dagster instance: {home} ({storage}); storage root: {app.storage_root}", flush=True)
