@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import tarfile
+import tempfile
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vlm_assets.atomic import atomic_write_text
+from vlm_assets.atomic import atomic_write_text, same_bytes
+from vlm_assets.wording import plural
 
 CONFIG_NAME = "vlm_assets.yaml"
 
@@ -88,7 +92,8 @@ def _encode_video(path: Path, *, frames: int, size: tuple[int, int], fps: int, c
 
     path.parent.mkdir(parents=True, exist_ok=True)
     width, height = size
-    with av.open(str(path), "w", format=container_format) as container:
+    # bitexact: no random segment id or muxing date, so the same demo has the same bytes every time.
+    with av.open(str(path), "w", format=container_format, options={"fflags": "+bitexact"}) as container:
         stream = container.add_stream(codec, rate=Fraction(fps, 1))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         for index in range(frames):
@@ -214,14 +219,33 @@ def _wds_source(root: Path, rng: random.Random) -> None:
                 _tar_add(archive, f"{key}.json", json.dumps(record).encode())
 
 
-def write_demo(directory: str | Path) -> Path:
-    """Write the demo dataset and its config under `directory`; returns the config path."""
+def write_demo(directory: str | Path, note: Callable[[str], None] = lambda line: None) -> Path:
+    """Write the demo dataset and its config under `directory`; returns the config path.
+
+    Files whose bytes are already there are left untouched (a rerun over an earlier demo changes
+    nothing, so nothing is rebuilt), and a config the user edited is kept (`note` says so).
+    """
     root = Path(directory).resolve()
     root.mkdir(parents=True, exist_ok=True)
     rng = random.Random(1234)
-    _flat_dir(root / "flat", rng)
-    _video_source(root, rng)
-    _wds_source(root, rng)
+    # Generated beside the target (a hidden folder, which no source reads) and moved in file by file.
+    with tempfile.TemporaryDirectory(prefix=".demo-staging-", dir=root) as staging_name:
+        staging = Path(staging_name)
+        _flat_dir(staging / "flat", rng)
+        _video_source(staging, rng)
+        _wds_source(staging, rng)
+        files = [path for path in sorted(staging.rglob("*")) if path.is_file()]
+        changed = 0
+        for path in files:
+            target = root / path.relative_to(staging)
+            if not same_bytes(path, target):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+                changed += 1
+    note(f"demo data: {changed} of {plural(len(files), 'file')} written, the others were already there")
     config_path = root / CONFIG_NAME
-    atomic_write_text(config_path, DEMO_CONFIG)
+    if config_path.is_file() and config_path.read_text(encoding="utf-8") != DEMO_CONFIG:
+        note(f"kept your edited {config_path} (delete it to get the demo's own config back)")
+    else:
+        atomic_write_text(config_path, DEMO_CONFIG)
     return config_path
