@@ -23,8 +23,8 @@ TRACEBACK_ENV_VAR = "VLM_ASSETS_TRACEBACK"  # set to 1: a handled error prints i
 def _cmd_demo(args: argparse.Namespace) -> int:
     from vlm_assets.demo import write_demo
 
-    config_path = write_demo(args.directory)
-    print(f"demo dataset written under {config_path.parent}")
+    config_path = write_demo(args.directory, note=print)
+    print(f"demo dataset under {config_path.parent}")
     print(f"config: {config_path}")
     return 0
 
