@@ -267,7 +267,7 @@ def attribute_time(home: Path, measured: Measured, since: float) -> None:
     """Seconds inside each asset's runs, and the wall time covered by no run (start-up, scheduling)."""
     import dagster as dg
 
-    from vlm_assets.runner import ASSET_TAG
+    from vlm_assets.defs.tags import ASSET_TAG
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
         records = [record for record in instance.get_run_records()

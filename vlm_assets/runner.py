@@ -26,8 +26,9 @@ import dagster as dg
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.defs.failures import root_cause
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig
+from vlm_assets.defs.tags import ALIVE_TAG, ASSET_TAG, CHUNKED_TAG, LAUNCHED_BY_CLI, LAUNCHED_BY_TAG
 from vlm_assets.defs.resources import (
-    ALIVE_TAG, CHUNKED_TAG, FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig, latest_materialization,
+    FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig, latest_materialization,
     recorded_fingerprint,
 )
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
@@ -39,8 +40,6 @@ from vlm_assets.wording import plural
 from vlm_assets.worker_processes import start_workers
 
 RUN_LOGGING = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-LAUNCHED_BY_TAG = {"vlm_assets/launched_by": "cli"}
-ASSET_TAG = "vlm_assets/asset"  # the asset a CLI run materialises (one per run)
 WAIT_POLL_S = 0.5
 POOL_SWEEP_S = 5.0  # how often a step stranded in a pool's queue (see assign_stranded_steps) is looked for
 
@@ -221,7 +220,7 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
         resources=defs.resources or {},
         run_config=RUN_LOGGING,
         raise_on_error=False,
-        tags={**LAUNCHED_BY_TAG, ASSET_TAG: asset, ALIVE_TAG: str(token)},
+        tags={LAUNCHED_BY_TAG: LAUNCHED_BY_CLI, ASSET_TAG: asset, ALIVE_TAG: str(token)},
     )
     outcome = TaskOutcome(asset, partition, run_id=result.run_id, success=result.success)
     for event in result.all_events:

@@ -16,7 +16,7 @@ import yaml
 from vlm_assets.config import load_config
 from vlm_assets.layout import StorageLayout
 from vlm_assets.locks import LOCK_DIR
-from vlm_assets.runner import ASSET_TAG
+from vlm_assets.defs.tags import ASSET_TAG
 
 RUN_TIMEOUT_S = 600
 

@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from vlm_assets.dagster_home import POSTGRES_HOST_ENV
-from vlm_assets.runner import LAUNCHED_BY_TAG
+from vlm_assets.defs.tags import LAUNCHED_BY_CLI, LAUNCHED_BY_TAG
 from vlm_assets.scale_out.executor import CELERY_BROKER_ENV, answering_workers
 from vlm_assets_tests.pg_support import pg_server
 from vlm_assets_tests.run_support import differences, run, site_config, snapshot, start_run
@@ -157,7 +157,7 @@ def step_executions(instance: dg.DagsterInstance) -> list[tuple[str, str, bool, 
             elif event.event_type in STEP_EVENTS:
                 pids.setdefault(entry.step_key, set()).add(event.pid)
         assert run_pid is not None and pids, f"run {run.run_id} did not start or executed no step"
-        by_cli = LAUNCHED_BY_TAG.items() <= run.tags.items()
+        by_cli = run.tags.get(LAUNCHED_BY_TAG) == LAUNCHED_BY_CLI
         executions.extend((run.run_id, step, by_cli, run_pid, step_pids) for step, step_pids in pids.items())
     return executions
 

@@ -8,6 +8,7 @@ from typing import Any
 import dagster as dg
 
 from vlm_assets.config import AppConfig, ConfigError, SourceConfig, load_config
+from vlm_assets.defs.tags import ALIVE_TAG
 from vlm_assets.fingerprints import Fingerprints, RecordedFingerprint
 from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
@@ -15,12 +16,6 @@ from vlm_assets.packing.mix import mixable
 from vlm_assets.locks import file_locks, process_token
 from vlm_assets.root_owner import claim_storage_root
 
-# Run tag: the liveness file (vlm_assets.locks.process_token) of the process executing the run,
-# so a run whose process died can be told from one that is still working.
-ALIVE_TAG = "vlm_assets/alive_token"
-# Asset tag: the asset's step splits its work into chunks over several processes
-# (vlm_assets.parallel); `vlm-assets run` gives such steps the workers no other run takes.
-CHUNKED_TAG = "vlm_assets/chunked"
 # Materialisation metadata: the asset's fingerprint (vlm_assets.fingerprints), also its data version.
 FINGERPRINT_KEY = "fingerprint"
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from vlm_assets.defs.resources import ALIVE_TAG, FRAME_CACHE_POOL, HEAVY_POOL
+from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL
+from vlm_assets.defs.tags import ALIVE_TAG
 from vlm_assets.locks import process_alive
 
 IN_FLIGHT = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]

@@ -12,7 +12,8 @@ import warnings
 
 import dagster as dg
 
-from vlm_assets.defs.automation.sensors import LAUNCHED_BY_TAG, SENSOR_INTERVAL_S
+from vlm_assets.defs.automation.sensors import SENSOR_INTERVAL_S
+from vlm_assets.defs.tags import LAUNCHED_BY_TAG
 
 FOLLOWERS = dg.AssetSelection.assets(
     dg.AssetKey("energon_dataset"), dg.AssetKey("training_mix"), dg.AssetKey("video_frame_plan"),

@@ -13,11 +13,10 @@ from __future__ import annotations
 import dagster as dg
 
 from vlm_assets.defs import catalog, frame_cache, package, packing
-from vlm_assets.defs.automation.sensors import LAUNCHED_BY_TAG
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS
+from vlm_assets.defs.tags import LAUNCHED_BY_TAG, PARTITION_TAG
 
 INTEGRITY_CRON = "0 3 * * *"
-PARTITION_TAG = "dagster/partition"
 PARTITIONINGS: tuple[dg.PartitionsDefinition | None, ...] = (None, SOURCES_PARTITIONS, FRAME_CACHE_SHARD_PARTITIONS)
 STANDALONE_CHECKS: tuple[dg.AssetChecksDefinition, ...] = tuple(
     check for domain in (catalog, packing, frame_cache, package) for check in domain.defs.asset_checks or ()

@@ -16,6 +16,7 @@ from vlm_assets.defs.automation.inbox_watch import (
     vanished_sources,
 )
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.defs.tags import INBOX_ATTEMPT_TAG, INBOX_ENTRY_TAG, INBOX_FINGERPRINT_TAG, LAUNCHED_BY_TAG
 from vlm_assets.frames.index import done_shards
 from vlm_assets.frames.plan import read_plan, shard_members
 from vlm_assets.frames.shard import plan_digest
@@ -25,11 +26,6 @@ from vlm_assets.wording import plural
 
 INTERVAL_ENV_VAR = "VLM_ASSETS_SENSOR_INTERVAL_S"
 SENSOR_INTERVAL_S = int(os.environ.get(INTERVAL_ENV_VAR, "30"))
-LAUNCHED_BY_TAG = "vlm_assets/launched_by"
-# What the inbox sensor reads back from the runs it launched: whose they are, for which files, which try.
-INBOX_ENTRY_TAG = "vlm_assets/inbox_entry"
-INBOX_FINGERPRINT_TAG = "vlm_assets/inbox_fingerprint"
-INBOX_ATTEMPT_TAG = "vlm_assets/inbox_attempt"
 
 VIDEO_FRAME_PLAN = dg.AssetKey("video_frame_plan")
 FRAME_CACHE_SHARD = dg.AssetKey("frame_cache_shard")

@@ -11,7 +11,8 @@ from vlm_assets.catalog.build import MediaValidator
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
-from vlm_assets.defs.resources import CHUNKED_TAG, HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
+from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
+from vlm_assets.defs.tags import CHUNKED_TAG
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.parallel import step_processes

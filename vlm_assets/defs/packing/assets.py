@@ -13,12 +13,12 @@ from vlm_assets.catalog.lookup import SampleLookup
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
 from vlm_assets.defs.packing import checks
 from vlm_assets.defs.resources import (
-    CHUNKED_TAG,
     HEAVY_POOL,
     SOURCES_PARTITIONS,
     VlmConfig,
     versioned,
 )
+from vlm_assets.defs.tags import CHUNKED_TAG
 from vlm_assets.packing.energon import MAIN_FOLDER_NAME, prepare_energon_dataset
 from vlm_assets.packing.mix import (
     MixError,
