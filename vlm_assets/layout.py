@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vlm_assets.config import FrameCacheConfig
+    from vlm_assets.config import AppConfig, FrameCacheConfig
 
 
 # The training mix's file in the packed_wds folder (and in a package's packed_wds role).
 METADATASET_NAME = "metadataset.yaml"
+# The top-level folder of each kind of output, in build order.
+OUTPUT_FOLDERS = ("catalog", "lengths", "packing", "packed_json", "packed_wds", "frame_cache", "packages")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,35 @@ class StorageLayout:
         )
 
         return self.packages / package_file_name(name, compress)
+
+    @property
+    def output_folders(self) -> list[Path]:
+        return [self.root / name for name in OUTPUT_FOLDERS]
+
+    def primary_outputs(self, asset: str, partition: str | None, app: AppConfig) -> list[Path]:
+        """Files (or folders) that must exist for `asset` (that partition, built with `app`'s settings) to count as built."""
+        # The file names the domains write by: they build on this module.
+        from vlm_assets.frames.index import INDEX_FILE
+        from vlm_assets.frames.plan import PLAN_FILE
+        from vlm_assets.frames.shard import done_path, tar_path
+        from vlm_assets.packing.energon import DATASET_YAML, MAIN_FOLDER_NAME
+
+        cache_dir = self.frame_cache_dir(app.frame_cache)
+        source = partition or ""
+        outputs = {
+            "sample_catalog": [self.catalog(source)],
+            "sample_lengths": [self.lengths(source)],
+            "packing_bins": [self.bins(source), self.rejects(source)],
+            "packed_json": [self.packed_json(source)],
+            "packed_wds_shards": [self.packed_wds(source)],
+            "energon_dataset": [self.packed_wds(source) / MAIN_FOLDER_NAME / DATASET_YAML],
+            "training_mix": [self.metadataset],
+            "video_frame_plan": [cache_dir / PLAN_FILE],
+            "frame_cache_shard": [tar_path(cache_dir, source), done_path(cache_dir, source)],
+            "frame_cache_index": [cache_dir / INDEX_FILE],
+            "training_package": [self.package_file(app.package.name, app.package.compress)],
+        }
+        return outputs.get(asset, [])
 
     # Names of the locks (vlm_assets.locks) that keep concurrent runs on this root apart.
     @staticmethod

@@ -32,7 +32,7 @@ from vlm_assets.defs.resources import (
     recorded_fingerprint,
 )
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
-from vlm_assets.packing.wds import list_shards
+from vlm_assets.layout import StorageLayout
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.root_owner import claim_storage_root
 from vlm_assets.scale_out.executor import file_sha256
@@ -132,27 +132,6 @@ def selected_assets(shape: GraphShape, select: Sequence[str] | None) -> list[str
         if name in wanted:
             wanted |= shape.parents[name]
     return [name for name in shape.order if name in wanted]
-
-
-def primary_outputs(vlm_config: VlmConfig, asset: str, partition: str | None) -> list[Path]:
-    """Files (or folders) that must exist for an asset to count as built."""
-    layout, app = vlm_config.layout, vlm_config.app
-    cache_dir = layout.frame_cache_dir(app.frame_cache)
-    source = partition or ""
-    outputs = {
-        "sample_catalog": [layout.catalog(source)],
-        "sample_lengths": [layout.lengths(source)],
-        "packing_bins": [layout.bins(source), layout.rejects(source)],
-        "packed_json": [layout.packed_json(source)],
-        "packed_wds_shards": [layout.packed_wds(source), *list_shards(layout.packed_wds(source))],
-        "energon_dataset": [layout.packed_wds(source) / ".nv-meta" / "dataset.yaml"],
-        "training_mix": [layout.metadataset],
-        "video_frame_plan": [cache_dir / "plan.jsonl"],
-        "frame_cache_shard": [cache_dir / f"{source}.tar", cache_dir / f"{source}.done.json"],
-        "frame_cache_index": [cache_dir / "index.jsonl"],
-        "training_package": [layout.package_file(app.package.name, app.package.compress)],
-    }
-    return outputs.get(asset, [])
 
 
 # -- one run, in a worker process ---------------------------------------------------------------
@@ -334,7 +313,7 @@ class _Scheduler:
         """Built by a successful run from exactly the inputs its upstreams hold now, and on disk."""
         if self.force:
             return False
-        if not all(path.exists() for path in primary_outputs(self.vlm_config, asset, partition)):
+        if not all(path.exists() for path in self.vlm_config.layout.primary_outputs(asset, partition, self.vlm_config.app)):
             return False
         record = latest_materialization(self.instance, asset, partition)
         if record is None or recorded_fingerprint(record) != self.fingerprints.of(asset, partition):
@@ -494,10 +473,8 @@ def _report(outcome: TaskOutcome, summary: RunSummary, echo: Callable[[str], Non
 
 
 def print_outputs(app: AppConfig, echo: Callable[[str], None] = print) -> None:
-    root = app.storage_root
-    echo(f"outputs under {root}:")
-    for name in ("catalog", "lengths", "packing", "packed_json", "packed_wds", "frame_cache", "packages"):
-        path = root / name
+    echo(f"outputs under {app.storage_root}:")
+    for path in StorageLayout(app.storage_root).output_folders:
         if path.exists():
             count = sum(1 for item in path.rglob("*") if item.is_file())
             echo(f"  {path}  ({plural(count, 'file')})")
