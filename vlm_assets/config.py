@@ -37,6 +37,11 @@ class ConfigError(ValueError):
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_JSON_DEPTH = 100
 MAX_JSON_DEPTH_BOUND = 500
+# Per-image limit (docs/formats.md §2.6), checked on the header before any decode: the exact length
+# path holds one image at this limit, with the processor's own working copies, in about 0.5 GB (a
+# sample naming it four times: 0.8 GB) besides the processor's fixed 1 GB. A 45-megapixel photo
+# needs a source to raise it.
+DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class SourceConfig:
     allowed_roots: tuple[Path, ...] = ()
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS  # width × height of one image; a larger one is refused undecoded
     # A sample whose text holds the processor's control tokens is rejected ("reject"), or counted
     # as the processor counts it ("keep"); see vlm_assets.tokens.text.control_tokens_of.
     special_tokens_in_text: str = "reject"
@@ -143,7 +149,7 @@ _SECTION_KEYS = {
 }
 _TOP_KEYS = set(_SECTION_KEYS) | {"inbox", "inbox_require_ready_marker", "sources"}
 _SOURCE_KEYS = {"name", "kind", "path", "media_root", "sample_type", "weight", "subflavors",
-                "allowed_roots", "max_record_bytes", "max_json_depth", "special_tokens_in_text"}
+                "allowed_roots", "max_record_bytes", "max_json_depth", "max_image_pixels", "special_tokens_in_text"}
 # Subflavors the training mix sets itself on every source's blend entry.
 RESERVED_SUBFLAVORS = ("sample_type", "source")
 _ADD_SOURCES = (
@@ -378,6 +384,7 @@ def _parse_sources(reader: _Reader, raw: Any, inbox_given: bool) -> tuple[Source
             allowed_roots=_allowed_roots(reader, data, key),
             max_record_bytes=reader.integer(data, "max_record_bytes", key, DEFAULT_MAX_RECORD_BYTES),
             max_json_depth=_max_json_depth(reader, data, key),
+            max_image_pixels=reader.integer(data, "max_image_pixels", key, DEFAULT_MAX_IMAGE_PIXELS),
             special_tokens_in_text=reader.choice(data, "special_tokens_in_text", key, SourceConfig.special_tokens_in_text,
                                                  SPECIAL_TOKENS_IN_TEXT),
         ))

@@ -37,6 +37,7 @@ CHANGES: dict[str, dict[str, Any]] = {
     "sources[].allowed_roots": {"sources[].allowed_roots": ["copy"]},
     "sources[].max_record_bytes": {"sources[].max_record_bytes": 4096},
     "sources[].max_json_depth": {"sources[].max_json_depth": 7},
+    "sources[].max_image_pixels": {"sources[].max_image_pixels": 1000},
     "sources[].special_tokens_in_text": {"sources[].special_tokens_in_text": "keep"},
     "sources[].sample_type": {"sources[].sample_type": "packed_vqa"},
     "sources[].weight": {"sources[].weight": 3},

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from vlm_assets.catalog.images import ImageTooLarge, opened_image
 from vlm_assets.catalog.media import kind_from_name, open_media, sniff_extension
 from vlm_assets.catalog.media_checks import MediaCheckLog, media_fingerprint
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
 from vlm_assets.catalog.sources import RawRecord, ResolvedMedia, read_source
-from vlm_assets.config import SourceConfig
+from vlm_assets.config import DEFAULT_MAX_IMAGE_PIXELS, SourceConfig
 from vlm_assets.parallel import ordered_map
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 class MediaValidator:
     """Decodes each media file once to prove it is readable; results are cached per ref.
 
+    An image is first measured from its header: one larger than `max_image_pixels` (the source's
+    `iter_catalog_chunks` sets it) is refused with an `ImageTooLarge` reason and never decoded.
     Videos are decoded at the frames the frame cache samples (`num_frames`), so a video that
     passes here also passes token counting and frame extraction. With a `check_log`, media that
     passed in an earlier build and have not changed since are not decoded again. With a
@@ -33,42 +36,54 @@ class MediaValidator:
     """
 
     def __init__(
-        self, num_frames: int = 64, check_log: MediaCheckLog | None = None, mosaic_spool: MosaicSpool | None = None
+        self, num_frames: int = 64, check_log: MediaCheckLog | None = None, mosaic_spool: MosaicSpool | None = None,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         self.num_frames = num_frames
         self.check_log = check_log
         self.mosaic_spool = mosaic_spool
+        self.max_image_pixels = max_image_pixels
         self.decoded = 0
         self.remembered = 0
-        self._errors: dict[str, str] = {}
+        self._errors: dict[tuple[str, str], str] = {}  # (ref, check) -> error
 
     def error_for(self, ref: str, kind: str) -> str:
-        if ref not in self._errors:
-            self._errors[ref] = self._check(ref, kind)
-        return self._errors[ref]
+        check = self._check_name(kind)
+        if (ref, check) not in self._errors:
+            self._errors[ref, check] = self._check(ref, kind, check)
+        return self._errors[ref, check]
 
-    def _check(self, ref: str, kind: str) -> str:
+    def _check(self, ref: str, kind: str, check: str) -> str:
         fingerprint = None
         if self.check_log is not None:
             try:
-                fingerprint = media_fingerprint(ref, f"video@{self.num_frames}" if kind == "video" else kind)
+                fingerprint = media_fingerprint(ref, check)
             except OSError:
                 pass  # missing file: the decode below names it
             if fingerprint and self.check_log.passed(ref, fingerprint):
                 self.remembered += 1
                 return ""
-        self.decoded += 1
-        error = _image_error(ref) if kind == "image" else _video_error(ref, self.num_frames, self.mosaic_spool)
+        if kind == "image":
+            error = _image_error(ref, self.max_image_pixels)
+        else:
+            error = _video_error(ref, self.num_frames, self.mosaic_spool)
+        if not isinstance(error, ImageTooLarge):
+            self.decoded += 1
         if not error and fingerprint and self.check_log is not None:
             self.check_log.record_pass(ref, fingerprint)
         return error
 
+    def _check_name(self, kind: str) -> str:
+        # A pass proves the image within this limit: a lower limit checks every image again.
+        return f"video@{self.num_frames}" if kind == "video" else f"image@{self.max_image_pixels}px"
 
-def _image_error(ref: str) -> str:
-    from PIL import Image
 
+def _image_error(ref: str, max_image_pixels: int) -> str:
     try:
-        with open_media(ref) as handle, Image.open(handle) as image:
+        with opened_image(ref) as image:
+            too_large = ImageTooLarge.of(image.size, max_image_pixels)
+            if too_large:
+                return too_large
             image.load()
     except Exception as error:  # Pillow raises many types for bad data
         return f"{type(error).__name__}: {error}"
@@ -122,6 +137,8 @@ def _catalog_row(raw: RawRecord, text_key: str, validator: MediaValidator) -> di
         sample = finalize_untyped(sample, kinds)
     for kind, media in zip(kinds, resolved):
         error = validator.error_for(media.ref, kind)
+        if isinstance(error, ImageTooLarge):
+            raise SampleError(f"image {media.name!r} {error}: {media.ref}")
         if error:
             raise SampleError(f"unreadable {kind} {media.name!r} ({media.ref}): {error}")
     return {
@@ -227,11 +244,13 @@ _chunk_worker: dict[str, Any] = {}
 
 
 def _start_chunk_worker(
-    source: str, text_key: str, num_frames: int, check_log: Path | None, mosaic_spool: MosaicSpool | None
+    source: str, text_key: str, num_frames: int, check_log: Path | None, mosaic_spool: MosaicSpool | None,
+    max_image_pixels: int,
 ) -> None:
     # The worker's log is read-only: it reports its checks with each chunk and the build records them.
     log = MediaCheckLog(check_log, append=False) if check_log is not None else None
-    _chunk_worker.update(source=source, text_key=text_key, validator=MediaValidator(num_frames, log, mosaic_spool))
+    validator = MediaValidator(num_frames, log, mosaic_spool, max_image_pixels)
+    _chunk_worker.update(source=source, text_key=text_key, validator=validator)
 
 
 def _checked_chunk(records: list[RawRecord]) -> tuple[list[dict], dict[str, str], int, int]:
@@ -254,8 +273,10 @@ def iter_catalog_chunks(
 
     With several processes the records are read (and duplicate ids found) here, and the chunks'
     media checked in the worker processes; the rows are the same as with one process. `validator`
-    then only gathers the workers' counts and checks.
+    then only gathers the workers' counts and checks. Images are checked against the source's
+    `max_image_pixels`.
     """
+    validator.max_image_pixels = source.max_image_pixels
     chunks = _chunked_by_work(_with_duplicates_marked(read_source(source)), chunk_work)
     # Worker processes cost a start-up each; a source of one chunk is done here.
     opening = list(itertools.islice(chunks, 2))
@@ -265,7 +286,8 @@ def iter_catalog_chunks(
             yield [_row(raw, source.name, text_key, validator) for raw in chunk]
         return
     log = validator.check_log
-    settings = (source.name, text_key, validator.num_frames, log.path if log else None, validator.mosaic_spool)
+    settings = (source.name, text_key, validator.num_frames, log.path if log else None, validator.mosaic_spool,
+                source.max_image_pixels)
     for rows, used, decoded, remembered in ordered_map(_checked_chunk, chunks, processes, _start_chunk_worker, settings):
         if log is not None:
             log.adopt(used)

@@ -198,8 +198,7 @@ class LengthCounter:
 
     # ---- exact path ---------------------------------------------------------------------
     def exact(self, sample: SampleForLength) -> LengthResult:
-        from PIL import Image
-        from transformers.image_utils import load_image
+        from vlm_assets.catalog.images import decoded_rgb
 
         try:
             conversation = chat_conversation(sample.messages)
@@ -209,10 +208,12 @@ class LengthCounter:
                 return LengthResult.rejected(sample.sample_id, refusal)
             text = self.text.render(conversation)
             images, videos, metadata = [], [], []
+            decoded: dict[str, Any] = {}  # a file named several times is decoded once, passed as one object
             for kind, ref in zip(sample.media_kinds, sample.media_refs):
                 if kind == "image":
-                    with open_media(ref) as handle:
-                        images.append(load_image(Image.open(handle)))
+                    if ref not in decoded:
+                        decoded[ref] = decoded_rgb(ref)
+                    images.append(decoded[ref])
                 else:
                     sampled, frames = self.video_loader(ref, self.frame_cache)
                     videos.append(frames)
@@ -325,7 +326,9 @@ def oriented_image_size(ref: str) -> tuple[int, int]:
     """(height, width) after EXIF orientation, read from the header without decoding pixels."""
     from PIL import Image
 
-    with open_media(ref) as handle, Image.open(handle) as image:
+    from vlm_assets.catalog.images import opened_image
+
+    with opened_image(ref) as image:
         width, height = image.size
         if image.format == "PNG" and not _png_metadata_after_pixels(ref):
             # Everything Pillow would read is already in `info`; PNG's own getexif() would decode the pixels.
