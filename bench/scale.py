@@ -368,7 +368,8 @@ def celery_cluster(workdir: Path, workers: int = 2) -> Iterator[dict[str, str]]:
     """PostgreSQL, Redis and `workers` Celery workers for the config in `workdir`; yields the run's env."""
     import redis
 
-    from vlm_assets.scale_out.executor import CELERY_BROKER_ENV, answering_workers
+    from vlm_assets.defs.executor import CELERY_BROKER_ENV
+    from vlm_assets.orchestration.celery_runs import answering_workers
 
     pg_bin = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda path: float(path.parent.name))[-1]
     pg_dir = Path(tempfile.mkdtemp(prefix="vlm-assets-bench-pg-"))

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from vlm_assets.config import CONFIG_ENV_VAR, ConfigError, load_config
-from vlm_assets.dagster_home import ensure_dagster_home
-from vlm_assets.instance_outage import InstanceUnreachable, as_outage, require_reachable
+from vlm_assets.orchestration.home import ensure_dagster_home
+from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable
+from vlm_assets.orchestration.workers import default_workers, start_workers
 from vlm_assets.parallel import exit_without_teardown
-from vlm_assets.worker_processes import default_workers, start_workers
 
 EXIT_INSTANCE_UNREACHABLE = 3
 TRACEBACK_ENV_VAR = "VLM_ASSETS_TRACEBACK"  # set to 1: a handled error prints its traceback before its line
@@ -47,13 +47,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # Before this process imports Dagster: the workers' own loads then overlap it.
     with start_workers(str(app.path), workers) as pool:
         from vlm_assets.definitions import build_definitions
-        from vlm_assets.runner import open_instance, print_outputs, run_graph
+        from vlm_assets.orchestration.celery_runs import CELERY
+        from vlm_assets.orchestration.instance import open_instance
+        from vlm_assets.orchestration.report import print_outputs
+        from vlm_assets.orchestration.scheduler import run_graph
+        from vlm_assets.orchestration.task import IN_WORKER_PROCESS
 
         defs = build_definitions(str(app.path))
         select = [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None
         with open_instance(home) as instance:
             summary = run_graph(defs, app, instance, select, echo=_echo, workers=workers, force=args.force,
-                                log_dir=home / "logs", executor=args.executor, pool=pool)
+                                log_dir=home / "logs", submission=CELERY if args.executor == "celery" else IN_WORKER_PROCESS,
+                                pool=pool)
     print_outputs(app)
     print(f"{summary.runs} run(s), {len(summary.materialized)} materialisation(s), {len(summary.up_to_date)} up to date, "
           f"{len(summary.failed_runs)} failed run(s), {len(summary.failed_checks)} failed check(s), "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from vlm_assets.dagster_home import POSTGRES_DEFAULTS
+from vlm_assets.orchestration.home import POSTGRES_DEFAULTS
 
 
 def pg_server() -> dict[str, object]:

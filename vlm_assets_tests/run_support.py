@@ -81,7 +81,7 @@ def differences(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
 
 def single_slot_instance(home: Path) -> None:
     """An instance whose pools have one slot each: a slot a dead run keeps would block every later step."""
-    from vlm_assets.dagster_home import INSTANCE_CONFIG_HEADER, instance_config_text
+    from vlm_assets.orchestration.home import INSTANCE_CONFIG_HEADER, instance_config_text
 
     home.mkdir(parents=True, exist_ok=True)
     text = instance_config_text().removeprefix(INSTANCE_CONFIG_HEADER)

@@ -22,9 +22,10 @@ import dagster as dg
 import pytest
 import redis
 
-from vlm_assets.dagster_home import POSTGRES_HOST_ENV
+from vlm_assets.orchestration.home import POSTGRES_HOST_ENV
 from vlm_assets.defs.tags import LAUNCHED_BY_CLI, LAUNCHED_BY_TAG
-from vlm_assets.scale_out.executor import CELERY_BROKER_ENV, answering_workers
+from vlm_assets.defs.executor import CELERY_BROKER_ENV
+from vlm_assets.orchestration.celery_runs import answering_workers
 from vlm_assets_tests.pg_support import pg_server
 from vlm_assets_tests.run_support import differences, run, site_config, snapshot, start_run
 

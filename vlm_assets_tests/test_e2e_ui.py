@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from vlm_assets.dagster_home import POSTGRES_HOST_ENV, ensure_dagster_home
+from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, ensure_dagster_home
 from vlm_assets_tests.automation_support import (
     drop_flat_source,
     drop_video_source,

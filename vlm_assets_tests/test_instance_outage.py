@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from vlm_assets.cli import EXIT_INSTANCE_UNREACHABLE, TRACEBACK_ENV_VAR
-from vlm_assets.dagster_home import POSTGRES_HOST_ENV
-from vlm_assets.instance_outage import as_outage
+from vlm_assets.orchestration.home import POSTGRES_HOST_ENV
+from vlm_assets.orchestration.outage import as_outage
 from vlm_assets_tests.run_support import run, site_config
 
 psycopg2 = pytest.importorskip("psycopg2")

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from vlm_assets.config import load_config
-from vlm_assets.dagster_home import POSTGRES_DEFAULTS, POSTGRES_HOST_ENV, ensure_dagster_home
-from vlm_assets.runner import run_graph
+from vlm_assets.orchestration.home import POSTGRES_DEFAULTS, POSTGRES_HOST_ENV, ensure_dagster_home
+from vlm_assets.orchestration.scheduler import run_graph
 from vlm_assets.definitions import build_definitions
 from vlm_assets_tests.pg_support import pg_server
 

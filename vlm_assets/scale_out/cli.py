@@ -8,10 +8,10 @@ import multiprocessing
 import os
 
 from vlm_assets.config import CONFIG_ENV_VAR, load_config
-from vlm_assets.dagster_home import POSTGRES_HOST_ENV, ensure_dagster_home
-from vlm_assets.instance_outage import require_reachable
+from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, ensure_dagster_home
+from vlm_assets.orchestration.outage import require_reachable
+from vlm_assets.orchestration.workers import default_workers
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
-from vlm_assets.worker_processes import default_workers
 
 WORKER_ARGS = (
     # One task (a run or a step) per free process: the rest stay in the queue for the other workers.
@@ -31,13 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def start_worker(args: argparse.Namespace) -> int:
-    from vlm_assets.scale_out.executor import register_run_task, require_broker
+    from vlm_assets.orchestration.celery_runs import register_run_task, require_broker
 
     app = load_config(args.config)
     broker = require_broker()
     # Steps of runs launched by the daemon rebuild the code location, which reads this variable.
     os.environ[CONFIG_ENV_VAR] = str(app.path)
-    from vlm_assets.runner import open_instance
+    from vlm_assets.orchestration.instance import open_instance
 
     home = ensure_dagster_home(app.path.parent / ".dagster_home")
     require_reachable(home)

@@ -8,10 +8,10 @@ from pathlib import Path
 import yaml
 
 from vlm_assets.atomic import atomic_write_text
-from vlm_assets.worker_processes import default_workers
+from vlm_assets.orchestration.workers import default_workers
 
 # Instance templates ship inside the package, so a non-editable install finds them too.
-REPO_INSTANCE_CONFIG = Path(__file__).resolve().parent / "instance" / "dagster.yaml"
+REPO_INSTANCE_CONFIG = Path(__file__).resolve().parents[1] / "instance" / "dagster.yaml"
 INSTANCE_CONFIG_HEADER = (
     "# Written by vlm-assets from vlm_assets/instance/dagster.yaml (+ dagster.postgres.yaml when "
     "$VLM_ASSETS_PG_HOST is set) and rewritten on every run; delete this line to keep your own edits.\n"

@@ -15,6 +15,7 @@ import threading
 import time
 
 from vlm_assets.config import CONFIG_ENV_VAR
+from vlm_assets.orchestration.outage import is_outage
 from vlm_assets.parallel import skip_teardown_at_exit
 
 PARENT_WATCH_S = 1.0
@@ -44,7 +45,7 @@ def _worker_init(parent_pid: int, config_path: str) -> None:
 
 
 def _load_code_location(config_path: str) -> None:
-    from vlm_assets.runner import worker_state
+    from vlm_assets.orchestration.task import worker_state
 
     worker_state(config_path)
 
@@ -57,8 +58,6 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
     workers: list[multiprocessing.process.BaseProcess]
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
-        from vlm_assets.instance_outage import is_outage
-
         if exc is not None and is_outage(exc):
             for worker in (worker for worker in self.workers if worker.is_alive()):
                 try:
@@ -74,7 +73,7 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
 def start_workers(config_path: str, workers: int) -> WorkerPool:
     """`workers` worker processes for `run_graph`, already loading the code location.
 
-    $DAGSTER_HOME must be set first (see `vlm_assets.dagster_home`): the workers open that instance.
+    $DAGSTER_HOME must be set first (see `vlm_assets.orchestration.home`): the workers open that instance.
     """
     pool = WorkerPool(
         max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,

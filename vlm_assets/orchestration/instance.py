@@ -1,0 +1,60 @@
+"""The Dagster instance a `vlm-assets run` launches on, made ready before any run starts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import dagster as dg
+
+from vlm_assets.config import AppConfig
+from vlm_assets.defs.automation.dead_runs import fail_dead_runs
+from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS
+from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
+from vlm_assets.root_owner import claim_storage_root
+
+
+def open_instance(home: Path) -> dg.DagsterInstance:
+    """The instance in `home`; the first process to open a new one creates its tables alone."""
+    # Most of the second an open takes is importing the SQL libraries Dagster's storage is built
+    # on: done before the lock, the CLI and its workers starting together queue only for the rest.
+    import alembic.command  # noqa: F401
+    import sqlalchemy.orm  # noqa: F401
+
+    with file_lock(home, "instance-init"):
+        return dg.DagsterInstance.get()
+
+
+def prepare_instance(instance: dg.DagsterInstance, app: AppConfig, echo: Callable[[str], None]) -> list[str]:
+    """Claim the storage root, fail the runs whose process is gone, register the sources, create the
+    pool limits; the ids of the runs failed as dead."""
+    claim_storage_root(app.storage_root, app.path)
+    process_token(app.storage_root)  # a storage root we cannot write to fails here, in one line, before any run
+    dead_runs = fail_dead_runs(instance)
+    for run_id in dead_runs:
+        echo(f"run {run_id}: its process is gone (killed?); marked failed and its pool slots freed")
+    remove_dead_tokens(app.storage_root)
+    register_sources(instance, app)
+    create_pool_limits(instance, app.storage_root)
+    return dead_runs
+
+
+def create_pool_limits(instance: dg.DagsterInstance, storage_root: Path) -> None:
+    """Give each of our pools its default limit before any run claims a slot in it.
+
+    Dagster creates a pool's limit on first use. On PostgreSQL two runs doing that at the same
+    moment make one of them fail (its insert conflicts, and the update that follows runs in the
+    aborted transaction), so it is done here, once, before runs start side by side.
+    """
+    with file_lock(storage_root, "dagster-pools"):
+        existing = {pool.name for pool in instance.event_log_storage.get_pool_limits()}
+        for pool in (FRAME_CACHE_POOL, HEAVY_POOL):
+            if pool not in existing:
+                instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
+
+
+def register_sources(instance: dg.DagsterInstance, app: AppConfig) -> None:
+    existing = set(instance.get_dynamic_partitions(SOURCES_PARTITIONS.name))
+    new = [source.name for source in app.sources if source.name not in existing]
+    if new:
+        instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, new)

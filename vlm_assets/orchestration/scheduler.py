@@ -1,0 +1,226 @@
+"""`vlm-assets run`: materialise the graph (or a selection plus its upstream) on the real instance.
+
+Each asset partition is one Dagster run (the asset with its checks) on the instance in
+$DAGSTER_HOME, so the UI shows them exactly like sensor-launched runs. Runs execute in worker
+processes, as many at a time as `--workers`, each as soon as everything it reads has been
+built; a step that fails (or whose ERROR check fails) stops everything downstream of it.
+Before launching anything, runs whose process is gone are failed and their pool slots freed.
+An asset partition that is up to date (orchestration.freshness) is not run again unless `force`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import dagster as dg
+
+from vlm_assets.config import AppConfig
+from vlm_assets.defs.automation.dead_runs import assign_stranded_steps
+from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS
+from vlm_assets.orchestration.freshness import Freshness
+from vlm_assets.orchestration.instance import prepare_instance
+from vlm_assets.orchestration.report import RunSummary, report_outcome
+from vlm_assets.orchestration.selection import GraphShape, graph_shape, selected_assets
+from vlm_assets.orchestration.task import IN_WORKER_PROCESS, Submission, TaskOutcome, label
+from vlm_assets.orchestration.workers import WorkerPool, start_workers
+from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
+
+WAIT_POLL_S = 0.5
+POOL_SWEEP_S = 5.0  # how often a step stranded in a pool's queue (see assign_stranded_steps) is looked for
+
+
+class _Stop:
+    """First SIGINT/SIGTERM: launch nothing more, let the steps in flight finish. Second: exit now."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.requested = False
+        self.echo = echo
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Stop:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.requested:
+            # Waiting for the pool to wind down is what the user just declined; the workers follow
+            # their CLI out within a second and the next run fails their runs as dead.
+            self.echo(f"{signal.Signals(signum).name} again: aborting; the runs in flight are killed")
+            os._exit(130)
+        self.requested = True
+        self.echo(f"{signal.Signals(signum).name}: stopping after the step(s) in flight; nothing more is launched "
+                  "(signal again to abort them)")
+
+
+class _Scheduler:
+    """Which asset partitions are ready to launch, given what has settled so far."""
+
+    def __init__(self, app: AppConfig, instance: dg.DagsterInstance, selected: list[str], shape: GraphShape,
+                 echo: Callable[[str], None]) -> None:
+        self.app, self.instance, self.shape, self.echo = app, instance, shape, echo
+        self.selected = selected
+        self.partitions: dict[str, list[str | None]] = {}
+        self.state: dict[tuple[str, str | None], str] = {}  # done | up_to_date | failed | blocked | running
+
+    def expand(self, asset: str) -> list[str | None] | None:
+        """The asset's partitions once they are known (frame-cache shards: after the plan is final)."""
+        if asset in self.partitions:
+            return self.partitions[asset]
+        name = self.shape.partitioning[asset]
+        if name is None:
+            keys: list[str | None] = [None]
+        elif name == SOURCES_PARTITIONS.name:
+            keys = [source.name for source in self.app.sources]
+        else:
+            parents = [p for p in self.shape.parents[asset] if p in self.selected]
+            if any(not self._final(p) for p in parents):
+                return None
+            keys = list(self.instance.get_dynamic_partitions(name))
+        self.partitions[asset] = keys
+        return keys
+
+    def _final(self, asset: str) -> bool:
+        keys = self.expand(asset)
+        return keys is not None and all(self.state.get((asset, key)) not in (None, "running") for key in keys)
+
+    def dependencies(self, asset: str, partition: str | None) -> list[tuple[str, str | None]] | None:
+        deps: list[tuple[str, str | None]] = []
+        for parent in self.shape.parents[asset]:
+            if parent not in self.selected:
+                continue
+            keys = self.expand(parent)
+            if keys is None:
+                return None
+            if self.shape.partitioning[parent] is None:
+                deps.append((parent, None))
+            elif self.shape.partitioning[parent] == self.shape.partitioning[asset]:
+                deps.append((parent, partition))
+            else:
+                deps.extend((parent, key) for key in keys)
+        return deps
+
+    def next_ready(self) -> list[tuple[str, str | None]]:
+        """Nodes whose inputs are settled; blocked ones are settled as blocked on the way."""
+        ready = []
+        for asset in self.selected:
+            keys = self.expand(asset)
+            if keys is None:
+                continue
+            for key in keys:
+                if (asset, key) in self.state:
+                    continue
+                deps = self.dependencies(asset, key)
+                if deps is None or any(self.state.get(dep) in (None, "running") for dep in deps):
+                    continue
+                bad = [dep for dep in deps if self.state[dep] in ("failed", "blocked")]
+                if bad:
+                    self.state[(asset, key)] = "blocked"
+                    self.echo(f"⊘ {label(asset, key)}: not built, upstream {label(*bad[0])} failed")
+                    continue
+                ready.append((asset, key))
+        return ready
+
+
+def run_graph(
+    defs: dg.Definitions,
+    app: AppConfig,
+    instance: dg.DagsterInstance,
+    select: Sequence[str] | None = None,
+    echo: Callable[[str], None] = print,
+    workers: int = 1,
+    force: bool = False,
+    log_dir: Path | None = None,
+    submission: Submission = IN_WORKER_PROCESS,
+    pool: WorkerPool | None = None,
+) -> RunSummary:
+    """Materialise `select` (and what it reads) as one run per asset partition on `workers` processes.
+
+    `submission`: where the runs execute (orchestration.task.Submission). `pool`: the processes
+    from `start_workers` (started here when not given); shut down on return.
+    """
+    shape = graph_shape(defs)
+    selected = selected_assets(shape, select)
+    submission.check_ready(echo)
+    summary = RunSummary()
+    summary.dead_runs_failed = prepare_instance(instance, app, echo)
+    freshness = Freshness(defs.resources["vlm_config"], instance, force)  # type: ignore[arg-type]
+    scheduler = _Scheduler(app, instance, selected, shape, echo)
+    log_dir = log_dir or Path(os.environ.get("DAGSTER_HOME", ".")) / "logs"
+    in_flight: dict[concurrent.futures.Future, tuple[str, str | None]] = {}
+    next_pool_sweep = time.monotonic() + POOL_SWEEP_S
+    with _Stop(echo) as stop, pool or start_workers(str(app.path), workers) as pool:
+        while True:
+            if not stop.requested:
+                launch = []
+                for node in scheduler.next_ready():
+                    if len(in_flight) + len(launch) >= workers:
+                        break
+                    if freshness.up_to_date(*node):
+                        scheduler.state[node] = "up_to_date"
+                        summary.up_to_date.append(label(*node))
+                        echo(f"= {label(*node)}: up to date")
+                        continue
+                    scheduler.state[node] = "running"
+                    launch.append(node)
+                shares = _process_shares(launch, shape.chunked, workers - len(in_flight))
+                for node, processes in zip(launch, shares):
+                    echo(f"▶ {label(*node)}" + (f" on {processes} processes" if processes and processes > 1 else ""))
+                    in_flight[pool.submit(submission.execute, str(app.path), *node, str(log_dir), processes)] = node
+            if not in_flight:
+                if stop.requested or not scheduler.next_ready():
+                    break
+                continue
+            finished, _ = concurrent.futures.wait(list(in_flight), timeout=WAIT_POLL_S,
+                                                  return_when=concurrent.futures.FIRST_COMPLETED)
+            if time.monotonic() >= next_pool_sweep:
+                assign_stranded_steps(instance, [FRAME_CACHE_POOL, HEAVY_POOL])
+                next_pool_sweep = time.monotonic() + POOL_SWEEP_S
+            for future in finished:
+                node = in_flight.pop(future)
+                summary.runs += 1
+                try:
+                    outcome = future.result()
+                except concurrent.futures.process.BrokenProcessPool:
+                    outcome = TaskOutcome(*node, failure="the worker process running it died (killed or out of memory)")
+                except OSError as error:  # before its run started, e.g. the storage root turned read-only
+                    outcome = TaskOutcome(*node, failure=f"{error.strerror or error}: {error.filename}")
+                scheduler.state[node] = "done" if outcome.success and not outcome.failed_checks else "failed"
+                report_outcome(outcome, summary, echo)
+        summary.interrupted = stop.requested
+    summary.blocked = [label(*node) for node, state in scheduler.state.items() if state == "blocked"]
+    if summary.interrupted:
+        never = [label(asset, key) for asset in selected for key in scheduler.partitions.get(asset, [None])
+                 if (asset, key) not in scheduler.state]
+        echo(f"stopped on request; not launched: {', '.join(never) or 'nothing'}")
+    return summary
+
+
+def _process_shares(launch: list[tuple[str, str | None]], chunked: set[str], free: int) -> list[int | None]:
+    """Processes per launched run: workers no run takes now go to the chunked steps among them.
+
+    A big source alone then uses every worker, and the processes of all runs together never exceed
+    `--workers` at launch (a chunk process may load the model's processor: about 1 GB). A user's
+    $VLM_ASSETS_STEP_PROCESSES is left as it is.
+    """
+    if STEP_PROCESSES_ENV_VAR in os.environ:
+        return [None] * len(launch)
+    takers = [index for index, (asset, _) in enumerate(launch) if asset in chunked]
+    spare = free - len(launch)
+    shares: list[int | None] = [1] * len(launch)
+    for rank, index in enumerate(takers):
+        shares[index] = 1 + spare // len(takers) + (1 if rank < spare % len(takers) else 0)
+    return shares
+
+
