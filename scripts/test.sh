@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Set up and run the tests (what CI runs): validate the Dagster definitions, materialise the demo
+# Set up and run the tests (what CI runs): check the import layers, validate the Dagster definitions, materialise the demo
 # and run its asset checks through `vlm-assets run` (non-zero on any failed run or check), then pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+
+echo "== import layers (lint-imports, contracts in .importlinter)"
+.venv/bin/lint-imports --no-cache
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
