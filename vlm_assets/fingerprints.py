@@ -92,7 +92,8 @@ def source_files_digest(source: SourceConfig, excluded: Iterable[Path]) -> str:
     entries: list[tuple[str, int, int]] = []
     for root in sorted({source.path, source.media_root, *source.allowed_roots}):
         entries.extend(_tree_entries(Path(root), skip))
-    limits = [[str(root) for root in source.allowed_roots], source.max_record_bytes, source.max_json_depth]
+    limits = [[str(root) for root in source.allowed_roots], source.max_record_bytes, source.max_json_depth,
+              source.max_image_pixels]
     return digest(source.kind, str(source.path), str(source.media_root), limits, sorted(set(entries)))
 
 

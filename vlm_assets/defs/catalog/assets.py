@@ -50,7 +50,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         check_log = MediaCheckLog(vlm_config.layout.media_checks(source.name))
         # The validating decode also renders each video's frame-cache mosaic, for the plan and shards to take.
         spool = MosaicSpool(vlm_config.layout.mosaic_spool(app.frame_cache), app.frame_cache)
-        validator = MediaValidator(app.frame_cache.num_frames, check_log, spool)
+        validator = MediaValidator(app.frame_cache.num_frames, check_log, spool, source.max_image_pixels)
         summary = write_catalog(
             source, path, app.sample.text_key, validator, step_processes(),
             progress=lambda n: context.log.info(f"{plural(n, 'record')} catalogued"),
