@@ -52,7 +52,10 @@ def _owner(owner_file: Path) -> str | None:
 def _create_once(target: Path, text: str) -> None:
     """Write `target` complete, unless it exists: of two first runs racing, one claims the root."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=TEMP_SUFFIX, dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=TEMP_SUFFIX, dir=target.parent)
+    except OSError as error:  # a read-only root: name the record, not a temp file's random name
+        raise OSError(error.errno, error.strerror, str(target)) from error
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -19,6 +19,7 @@ import pytest
 from vlm_assets.config import load_config
 from vlm_assets.defs.automation.dead_runs import assign_stranded_steps, dead_runs_sensor
 from vlm_assets.defs.resources import HEAVY_POOL
+from vlm_assets.layout import StorageLayout
 from vlm_assets.locks import LOCK_DIR, file_lock
 from vlm_assets_tests.run_support import (
     differences,
@@ -233,7 +234,7 @@ def test_a_read_only_storage_root_is_named_in_one_line(demo_config_path, tmp_pat
                             capture_output=True, text=True, timeout=300,
                             env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home")})
     assert result.returncode == 1
-    assert f"error: Read-only file system: {root / '.locks'}" in result.stderr
+    assert f"error: Read-only file system: {StorageLayout(root).owner}" in result.stderr
 
 
 def test_a_step_that_missed_a_freed_pool_slot_gets_it(tmp_path):
