@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,29 @@ def real_file(shared_data: Path) -> Callable[[str], Path]:
 def demo_config_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo dataset, written once per test session (read-only for tests)."""
     return write_demo(tmp_path_factory.mktemp("demo"))
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """The demo graph built once by `vlm-assets run --workers 2` on its own site and instance."""
+
+    config: Path
+    home: Path
+    root: Path
+    outputs: dict[str, str]  # sha256 of every output file by path relative to `root`
+    result: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="session")
+def reference_run(demo_config_path: Path, tmp_path_factory: pytest.TempPathFactory) -> ReferenceRun:
+    """The one full-graph run of a test session, shared by every test that needs the whole graph built."""
+    from vlm_assets_tests.run_support import run, site_config, snapshot
+
+    site = tmp_path_factory.mktemp("reference")
+    config = site_config(demo_config_path, site)
+    result = run(config, site / "home", "--workers", "2")
+    assert result.returncode == 0, result.stdout[-4000:]
+    return ReferenceRun(config, site / "home", site / "vlm_data", snapshot(site / "vlm_data"), result)
 
 
 @pytest.fixture(scope="session")

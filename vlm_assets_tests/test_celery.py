@@ -29,6 +29,8 @@ from vlm_assets.orchestration.celery_runs import answering_workers
 from vlm_assets_tests.pg_support import pg_server
 from vlm_assets_tests.run_support import differences, run, site_config, snapshot, start_run
 
+pytestmark = [pytest.mark.services, pytest.mark.processes]
+
 psycopg2 = pytest.importorskip("psycopg2")
 
 REPO = Path(__file__).resolve().parents[1]

@@ -138,6 +138,7 @@ def test_step_processes_setting(monkeypatch):
             step_processes()
 
 
+@pytest.mark.processes
 def test_one_big_source_uses_every_worker_and_gives_the_one_worker_table(tmp_path):
     """`vlm-assets run --workers 2` on a single source: its chunked step runs on both workers."""
     rows = LENGTH_CHUNK_ROWS + 200

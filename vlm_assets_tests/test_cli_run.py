@@ -5,9 +5,13 @@ import sys
 import tarfile
 from pathlib import Path
 
+import dagster as dg
 import pandas as pd
+import pytest
 
-from vlm_assets.demo import write_demo
+from vlm_assets_tests.run_support import site_config
+
+pytestmark = pytest.mark.processes
 
 
 def vlm_assets(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -15,13 +19,9 @@ def vlm_assets(*args: str, env: dict | None = None, cwd: Path | None = None) -> 
                           env={**os.environ, **(env or {})}, cwd=cwd, timeout=600)
 
 
-def test_demo_then_run_materialises_the_whole_graph_through_the_instance(tmp_path):
-    config = write_demo(tmp_path / "demo")
-    home = tmp_path / "home"
-    result = vlm_assets("run", "--config", str(config), env={"DAGSTER_HOME": str(home)})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "0 failed run(s), 0 failed check(s)" in result.stdout
-    root = tmp_path / "demo" / "vlm_data"
+def test_run_materialises_the_whole_demo_graph_through_the_instance(reference_run):
+    config, home, root = reference_run.config, reference_run.home, reference_run.root
+    assert "0 failed run(s), 0 failed check(s)" in reference_run.result.stdout
     for source in ("demo_images", "demo_video", "demo_wds"):
         catalog = pd.read_parquet(root / "catalog" / f"{source}.parquet")
         bins = pd.read_parquet(root / "packing" / f"{source}.bins.parquet")
@@ -38,15 +38,9 @@ def test_demo_then_run_materialises_the_whole_graph_through_the_instance(tmp_pat
     package = root / "packages" / "demo_run.nnpkg.zst"
     assert package.read_bytes()[:4] == b"\x28\xb5\x2f\xfd"
     # The runs are on the real instance in $DAGSTER_HOME, where `dagster dev` shows them.
-    import dagster as dg
-
-    os.environ["DAGSTER_HOME"] = str(home)
-    try:
-        with dg.DagsterInstance.get() as instance:
-            assert instance.get_latest_materialization_event(dg.AssetKey("training_package")) is not None
-            assert set(instance.get_dynamic_partitions("sources")) == {"demo_images", "demo_video", "demo_wds"}
-    finally:
-        del os.environ["DAGSTER_HOME"]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_latest_materialization_event(dg.AssetKey("training_package")) is not None
+        assert set(instance.get_dynamic_partitions("sources")) == {"demo_images", "demo_video", "demo_wds"}
     rerun = vlm_assets("run", "--config", str(config), "--select", "packed_wds_shards", env={"DAGSTER_HOME": str(home)})
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "frame_cache_shard" not in rerun.stdout
@@ -62,8 +56,8 @@ def test_run_with_a_bad_config_names_the_key_and_exits_non_zero(tmp_path):
     assert "sample.max_token_len" in result.stderr and str(config) in result.stderr
 
 
-def test_run_with_an_unknown_selection_is_a_clear_error(tmp_path):
-    config = write_demo(tmp_path / "demo")
+def test_run_with_an_unknown_selection_is_a_clear_error(demo_config_path, tmp_path):
+    config = site_config(demo_config_path, tmp_path)
     result = vlm_assets("run", "--config", str(config), "--select", "no_such_asset",
                         env={"DAGSTER_HOME": str(tmp_path / "home")})
     assert result.returncode == 2

@@ -30,6 +30,8 @@ from vlm_assets_tests.automation_support import (
     write_inbox_config,
 )
 
+pytestmark = [pytest.mark.browser, pytest.mark.processes]
+
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 DAGSTER = Path(sys.executable).with_name("dagster")

@@ -185,6 +185,7 @@ def test_model_type_must_name_the_loaded_processors_family(processors):
         check_model_type(ModelConfig(model_type="gemma3"), profile)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_familys_lengths_pack_into_shards_energon_loads(family, family_dirs, shared_data, tmp_path):
     """`vlm-assets run` through energon_dataset with the family's processor: every check passes."""

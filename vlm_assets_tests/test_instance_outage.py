@@ -27,6 +27,8 @@ from vlm_assets.orchestration.home import POSTGRES_HOST_ENV
 from vlm_assets.orchestration.outage import as_outage
 from vlm_assets_tests.run_support import run, site_config
 
+pytestmark = [pytest.mark.services, pytest.mark.processes]
+
 psycopg2 = pytest.importorskip("psycopg2")
 
 PASSWORD = "never-print-me"  # trust auth ignores it; it must still appear nowhere in the output

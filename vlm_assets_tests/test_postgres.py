@@ -21,6 +21,8 @@ from vlm_assets.orchestration.scheduler import run_graph
 from vlm_assets.definitions import build_definitions
 from vlm_assets_tests.pg_support import pg_server
 
+pytestmark = pytest.mark.services
+
 psycopg2 = pytest.importorskip("psycopg2")
 
 

@@ -13,9 +13,12 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 from vlm_assets_tests.run_support import run
+
+pytestmark = pytest.mark.processes
 
 SOURCE = "talk"
 

@@ -32,21 +32,19 @@ from vlm_assets_tests.run_support import (
     wait_for_started_run,
 )
 
+pytestmark = pytest.mark.processes
+
 WORKERS = ("--workers", "2")
 
 
 @pytest.fixture(scope="module")
-def reference(demo_config_path, tmp_path_factory):
+def reference(reference_run):
     """One clean run: its config and the bytes of every output."""
-    site = tmp_path_factory.mktemp("reference")
-    config = site_config(demo_config_path, site)
-    result = run(config, site / "home", *WORKERS)
-    assert result.returncode == 0, result.stdout[-4000:]
-    assert "0 failed run(s), 0 failed check(s)" in result.stdout
-    with dg.DagsterInstance.from_config(str(site / "home")) as instance:
+    assert "0 failed run(s), 0 failed check(s)" in reference_run.result.stdout
+    with dg.DagsterInstance.from_config(str(reference_run.home)) as instance:
         spans = sorted((record.start_time, record.end_time) for record in instance.get_run_records())
     assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), "two workers never overlapped"
-    return config, snapshot(site / "vlm_data"), result
+    return reference_run.config, reference_run.outputs, reference_run.result
 
 
 def test_a_clean_run_elsewhere_gives_the_same_bytes_and_an_unchanged_rerun_does_nothing(reference, demo_config_path, tmp_path):
