@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
+from vlm_assets.asset_registry import ASSET_NAMES
 from vlm_assets.config import CONFIG_ENV_VAR, ConfigError, load_config
 from vlm_assets.orchestration.home import ensure_dagster_home
 from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable
@@ -62,13 +63,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print_outputs(app)
     print(f"{summary.runs} run(s), {len(summary.materialized)} materialisation(s), {len(summary.up_to_date)} up to date, "
           f"{len(summary.failed_runs)} failed run(s), {len(summary.failed_checks)} failed check(s), "
+          f"{len(summary.check_warnings)} check warning(s), "
           f"{len(summary.blocked)} not built (upstream failed) in {time.monotonic() - started:.1f} s "
           f"with {workers} worker(s)")
     for failure in summary.failed_runs + summary.failed_checks:
         print(f"  FAILED: {failure}", file=sys.stderr)
+    for warning in summary.check_warnings:
+        print(f"  WARNING: {warning}", file=sys.stderr)
     if summary.interrupted:
         return 130
     return 0 if summary.ok else 1
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _echo(line: str) -> None:
@@ -79,12 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlm-assets", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = commands.add_parser("run", help="materialise the asset graph (or a selection and its upstream) through Dagster")
+    run = commands.add_parser(
+        "run", help="materialise the asset graph (or a selection and its upstream) through Dagster",
+        description="Materialise the configured sources' asset graph (or --select and everything it reads) on the "
+        "Dagster instance, one run per asset partition, skipping what is up to date.",
+        epilog=f"assets, upstream first: {', '.join(ASSET_NAMES)}. Exit codes: 0 everything built and checked "
+        "(WARN check failures are reported as warnings); 1 a run or an ERROR check failed, or something was not "
+        f"built because of it; 2 a config or usage error; {EXIT_INSTANCE_UNREACHABLE} the Dagster instance's "
+        "database is unreachable; 130 stopped by a signal.",
+    )
     run.add_argument("--config", default=os.environ.get(CONFIG_ENV_VAR), help=f"config YAML (default ${CONFIG_ENV_VAR})")
     run.add_argument("--select", help="comma-separated asset keys; their upstream assets run too")
     run.add_argument("--dagster-home", help="instance directory (default $DAGSTER_HOME, else .dagster_home beside the config)")
-    run.add_argument("--workers", type=int, default=0,
-                     help="runs at a time, each in its own worker process (default: the number of cores)")
+    run.add_argument("--workers", type=_positive_int, default=None,
+                     help="runs at a time, each in its own worker process, at least 1 (default: the number of cores)")
     run.add_argument("--force", action="store_true",
                      help="rebuild every selected asset, even those whose inputs and settings are unchanged")
     run.add_argument("--executor", choices=("in_process", "celery"), default="in_process",

@@ -11,7 +11,7 @@ settings it loaded and the upstream records it read, and records it as its data 
 So an output built from an upstream that has been rebuilt since (a config edited mid-run) never
 counts as up to date.
 
-Bump an asset's entry in REVISIONS when a code change alters what it writes.
+An asset's code revision is its entry in vlm_assets.asset_registry.REVISIONS.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 from stat import S_ISLNK
 from typing import Any
 
+from vlm_assets.asset_registry import REVISIONS
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.frames.plan import (
     PLAN_FILE,
@@ -33,20 +34,6 @@ from vlm_assets.frames.plan import (
 )
 from vlm_assets.frames.shard import plan_digest
 from vlm_assets.layout import StorageLayout
-
-REVISIONS = {
-    "sample_catalog": 3,
-    "sample_lengths": 2,
-    "packing_bins": 1,
-    "packed_json": 1,
-    "packed_wds_shards": 1,
-    "energon_dataset": 2,
-    "training_mix": 1,
-    "video_frame_plan": 2,
-    "frame_cache_shard": 2,
-    "frame_cache_index": 1,
-    "training_package": 1,
-}
 
 # The fingerprint an output recorded when it was last built: (asset, partition) -> fingerprint,
 # "" for one never built.

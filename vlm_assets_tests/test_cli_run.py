@@ -22,6 +22,8 @@ def vlm_assets(*args: str, env: dict | None = None, cwd: Path | None = None) -> 
 def test_run_materialises_the_whole_demo_graph_through_the_instance(reference_run):
     config, home, root = reference_run.config, reference_run.home, reference_run.root
     assert "0 failed run(s), 0 failed check(s)" in reference_run.result.stdout
+    warned = reference_run.result.stdout.count("FAILED (WARN)")
+    assert f"{warned} check warning(s)" in reference_run.result.stdout
     for source in ("demo_images", "demo_video", "demo_wds"):
         catalog = pd.read_parquet(root / "catalog" / f"{source}.parquet")
         bins = pd.read_parquet(root / "packing" / f"{source}.bins.parquet")
@@ -62,3 +64,12 @@ def test_run_with_an_unknown_selection_is_a_clear_error(demo_config_path, tmp_pa
                         env={"DAGSTER_HOME": str(tmp_path / "home")})
     assert result.returncode == 2
     assert "unknown asset key(s): no_such_asset" in result.stderr
+
+
+def test_run_refuses_fewer_than_one_worker_and_its_help_lists_assets_and_exit_codes(tmp_path):
+    for workers in ("0", "-1"):
+        result = vlm_assets("run", "--config", str(tmp_path / "absent.yaml"), "--workers", workers)
+        assert result.returncode == 2 and f"--workers: must be at least 1, got {workers}" in result.stderr
+    usage = vlm_assets("run", "--help").stdout.replace("\n", " ")
+    assert "sample_catalog, sample_lengths" in usage and "training_package" in usage
+    assert "3 the Dagster instance's database is unreachable" in usage.replace("  ", " ")

@@ -16,6 +16,7 @@ class RunSummary:
     runs: int = 0
     failed_runs: list[str] = field(default_factory=list)
     failed_checks: list[str] = field(default_factory=list)
+    check_warnings: list[str] = field(default_factory=list)  # failed WARN checks: reported, not blocking
     materialized: list[str] = field(default_factory=list)
     up_to_date: list[str] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)
@@ -34,6 +35,7 @@ def report_outcome(outcome: TaskOutcome, summary: RunSummary, echo: Callable[[st
     for name, passed, severity in outcome.checks:
         echo(f"  {'✓' if passed else '✗'} check {outcome.asset}:{name} {'passed' if passed else f'FAILED ({severity})'}")
     summary.failed_checks.extend(f"{outcome.asset}:{name} ({outcome.label})" for name in outcome.failed_checks)
+    summary.check_warnings.extend(f"{outcome.asset}:{name} ({outcome.label})" for name in outcome.warned_checks)
     if not outcome.success:
         where = f"; full log: {outcome.log_path}" if outcome.log_path else ""
         summary.failed_runs.append(f"{outcome.label}: {outcome.failure}" + (f" (run {outcome.run_id}{where})" if outcome.run_id else ""))

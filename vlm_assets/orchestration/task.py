@@ -49,6 +49,10 @@ class TaskOutcome:
     def failed_checks(self) -> list[str]:
         return [name for name, passed, severity in self.checks if not passed and severity == "ERROR"]
 
+    @property
+    def warned_checks(self) -> list[str]:
+        return [name for name, passed, severity in self.checks if not passed and severity == "WARN"]
+
 
 # Executes one task: (config path, asset, partition, log folder, processes) -> its outcome.
 Execute = Callable[[str, str, str | None, str, int | None], TaskOutcome]
