@@ -100,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
         "database is unreachable; 130 stopped by a signal.",
     )
     run.add_argument("--config", default=os.environ.get(CONFIG_ENV_VAR), help=f"config YAML (default ${CONFIG_ENV_VAR})")
-    run.add_argument("--select", help="comma-separated asset keys; their upstream assets run too")
+    run.add_argument("--select", help="comma-separated asset keys, or `asset[partition]` for one partition "
+                     "(e.g. 'sample_lengths[my_source]'); what they read runs too, for the same partition where it is "
+                     "partitioned alike")
     run.add_argument("--dagster-home", help="instance directory (default $DAGSTER_HOME, else .dagster_home beside the config)")
     run.add_argument("--workers", type=_positive_int, default=None,
                      help="runs at a time, each in its own worker process, at least 1 (default: the number of cores)")

@@ -73,3 +73,15 @@ def test_run_refuses_fewer_than_one_worker_and_its_help_lists_assets_and_exit_co
     usage = vlm_assets("run", "--help").stdout.replace("\n", " ")
     assert "sample_catalog, sample_lengths" in usage and "training_package" in usage
     assert "3 the Dagster instance's database is unreachable" in usage.replace("  ", " ")
+
+
+def test_run_selects_one_partition_and_refuses_an_unknown_one(demo_config_path, tmp_path):
+    config = site_config(demo_config_path, tmp_path)
+    home = {"DAGSTER_HOME": str(tmp_path / "home")}
+    result = vlm_assets("run", "--config", str(config), "--select", "sample_lengths[demo_wds]", env=home)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    launched = sorted(line.split(" ", 1)[1].split(" on ")[0] for line in result.stdout.splitlines() if line.startswith("▶ "))
+    assert launched == ["sample_catalog [demo_wds]", "sample_lengths [demo_wds]"]
+    unknown = vlm_assets("run", "--config", str(config), "--select", "sample_lengths[nope]", env=home)
+    assert unknown.returncode == 2
+    assert "no such partition: sample_lengths [nope] (known: demo_images, demo_video, demo_wds)" in unknown.stderr

@@ -26,7 +26,7 @@ from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PART
 from vlm_assets.orchestration.freshness import Freshness
 from vlm_assets.orchestration.instance import prepare_instance
 from vlm_assets.orchestration.report import RunSummary, report_outcome
-from vlm_assets.orchestration.selection import GraphShape, graph_shape, selected_assets
+from vlm_assets.orchestration.selection import GraphShape, Selection, graph_shape, selection_of
 from vlm_assets.orchestration.task import IN_WORKER_PROCESS, Submission, TaskOutcome, label
 from vlm_assets.orchestration.workers import WorkerPool, start_workers
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
@@ -67,10 +67,11 @@ class _Stop:
 class _Scheduler:
     """Which asset partitions are ready to launch, given what has settled so far."""
 
-    def __init__(self, app: AppConfig, instance: dg.DagsterInstance, selected: list[str], shape: GraphShape,
+    def __init__(self, app: AppConfig, instance: dg.DagsterInstance, selection: Selection, shape: GraphShape,
                  echo: Callable[[str], None]) -> None:
         self.app, self.instance, self.shape, self.echo = app, instance, shape, echo
-        self.selected = selected
+        self.selection = selection
+        self.selected = selection.assets
         self.partitions: dict[str, list[str | None]] = {}
         self.state: dict[tuple[str, str | None], str] = {}  # done | up_to_date | failed | blocked | running
 
@@ -88,8 +89,18 @@ class _Scheduler:
             if any(not self._final(p) for p in parents):
                 return None
             keys = list(self.instance.get_dynamic_partitions(name))
-        self.partitions[asset] = keys
-        return keys
+        self.partitions[asset] = [key for key in keys if self.selection.keeps(asset, key)]
+        return self.partitions[asset]
+
+    def unknown_partitions(self) -> list[str]:
+        """Selected partitions that do not exist (a source not in the config, a shard not planned yet)."""
+        problems = []
+        for asset, wanted in self.selection.partitions.items():
+            name = self.shape.partitioning[asset]
+            known = ([source.name for source in self.app.sources] if name == SOURCES_PARTITIONS.name
+                     else list(self.instance.get_dynamic_partitions(name)))
+            problems += [f"{label(asset, key)} (known: {', '.join(known) or 'none yet'})" for key in sorted(set(wanted) - set(known))]
+        return problems
 
     def _final(self, asset: str) -> bool:
         keys = self.expand(asset)
@@ -145,18 +156,23 @@ def run_graph(
     submission: Submission = IN_WORKER_PROCESS,
     pool: WorkerPool | None = None,
 ) -> RunSummary:
-    """Materialise `select` (and what it reads) as one run per asset partition on `workers` processes.
+    """Materialise `select` (asset names or `asset[partition]`, and what they read) as one run per asset
+    partition on `workers` processes.
 
     `submission`: where the runs execute (orchestration.task.Submission). `pool`: the processes
     from `start_workers` (started here when not given); shut down on return.
     """
     shape = graph_shape(defs)
-    selected = selected_assets(shape, select)
+    selection = selection_of(shape, select)
+    selected = selection.assets
     submission.check_ready(echo)
     summary = RunSummary()
     summary.dead_runs_failed = prepare_instance(instance, app, echo)
     freshness = Freshness(defs.resources["vlm_config"], instance, force)  # type: ignore[arg-type]
-    scheduler = _Scheduler(app, instance, selected, shape, echo)
+    scheduler = _Scheduler(app, instance, selection, shape, echo)
+    unknown = scheduler.unknown_partitions()
+    if unknown:
+        raise ValueError(f"no such partition: {'; '.join(unknown)}")
     log_dir = log_dir or Path(os.environ.get("DAGSTER_HOME", ".")) / "logs"
     in_flight: dict[concurrent.futures.Future, tuple[str, str | None]] = {}
     next_pool_sweep = time.monotonic() + POOL_SWEEP_S

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -35,15 +36,51 @@ def graph_shape(defs: dg.Definitions) -> GraphShape:
     return GraphShape(order, parents, partitioning, chunked)
 
 
-def selected_assets(shape: GraphShape, select: Sequence[str] | None) -> list[str]:
-    """`select` and everything it reads, dependencies first; every asset when `select` is empty."""
-    if not select:
-        return list(shape.order)
-    unknown = sorted(set(select) - set(shape.order))
-    if unknown:
-        raise ValueError(f"unknown asset key(s): {', '.join(unknown)} (known: {', '.join(sorted(shape.order))})")
-    wanted = set(select)
+@dataclass(frozen=True)
+class Selection:
+    """The assets a run builds, dependencies first, and for some of them only these partitions."""
+
+    assets: list[str]
+    partitions: dict[str, set[str]] = field(default_factory=dict)  # asset -> its partitions to build; absent: all
+
+    def keeps(self, asset: str, partition: str | None) -> bool:
+        return asset not in self.partitions or partition in self.partitions[asset]
+
+
+SELECTED_PARTITION = re.compile(r"^(?P<asset>[^\[\]]+)\[(?P<partition>[^\[\]]+)\]$")
+
+
+def selection_of(shape: GraphShape, items: Sequence[str] | None) -> Selection:
+    """`items` (asset names, or `asset[partition]` for one partition of a partitioned asset) and
+    everything they read, dependencies first; every asset when `items` is empty.
+
+    An upstream asset partitioned like its selected partition is built for that partition only;
+    one partitioned otherwise (a shard's plan reads every source) is built for all of them.
+    """
+    if not items:
+        return Selection(list(shape.order))
+    named: dict[str, set[str] | None] = {}
+    for item in items:
+        match = SELECTED_PARTITION.match(item)
+        asset, partition = (match["asset"], match["partition"]) if match else (item, None)
+        if asset not in shape.order:
+            raise ValueError(f"unknown asset key(s): {asset} (known: {', '.join(sorted(shape.order))})")
+        if partition is not None and shape.partitioning[asset] is None:
+            raise ValueError(f"{item}: {asset} is not partitioned; select it as `{asset}`")
+        if partition is None or named.get(asset, set()) is None:
+            named[asset] = None
+        else:
+            named.setdefault(asset, set()).add(partition)  # type: ignore[union-attr]
+    wanted: dict[str, set[str] | None] = dict(named)
     for name in reversed(shape.order):
-        if name in wanted:
-            wanted |= shape.parents[name]
-    return [name for name in shape.order if name in wanted]
+        if name not in wanted:
+            continue
+        for parent in shape.parents[name]:
+            same = wanted[name] is not None and shape.partitioning[parent] == shape.partitioning[name]
+            inherited = set(wanted[name]) if same else None  # type: ignore[arg-type]
+            if parent not in wanted:
+                wanted[parent] = inherited
+            elif wanted[parent] is not None:
+                wanted[parent] = None if inherited is None else wanted[parent] | inherited  # type: ignore[operator]
+    return Selection([name for name in shape.order if name in wanted],
+                     {name: keys for name, keys in wanted.items() if keys is not None})
