@@ -136,8 +136,10 @@ def test_metadataset_blends_every_source_by_weight(mix_site):
 
     metadata = mix.asset_materializations_for_node("training_mix")[0].metadata
     table = metadata["mix"].value
-    assert "| source | sample type | samples | bins | tokens | weight | share of bins | share of tokens |" in table
-    assert "| vqa | packed_vqa |" in table and "| 50.0% |" in table  # vqa: weight 3 of 6
+    assert "| source | weight | samples | bins | % bins | % tokens |" in table
+    assert "| vqa | 3 |" in table and "| 50.0% |" in table  # vqa: weight 3 of 6
+    assert metadata["subflavors"].value["chat"] == blend[0]["subflavors"]
+    assert metadata["tokens_by_source"].value["vqa"] > 0
     shares = metadata["token_shares"].value
     assert set(shares) == set(SOURCES) and abs(sum(shares.values()) - 1) < 1e-5
 

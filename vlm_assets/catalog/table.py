@@ -20,6 +20,7 @@ from vlm_assets.atomic import atomic_path
 from vlm_assets.catalog.build import CATALOG_CHUNK_WORK, MediaValidator, iter_catalog_chunks
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK
 from vlm_assets.config import SourceConfig
+from vlm_assets.wording import shortened
 
 LIST_COLUMNS = ("media_files", "media_kinds", "media_refs", "media_keys")
 CATALOG_SCHEMA = pa.schema([
@@ -34,7 +35,7 @@ _ORIGIN_SUFFIX = re.compile(r"\s*\[.*\]$")
 
 
 def reason_kind(reason: str) -> str:
-    return _ORIGIN_SUFFIX.sub("", reason)[:REASON_CHARS]
+    return shortened(_ORIGIN_SUFFIX.sub("", reason), REASON_CHARS)
 
 
 @dataclass

@@ -146,17 +146,16 @@ def write_metadataset(path: Path, entries: list[MixEntry]) -> None:
 
 
 def mix_table_md(entries: list[MixEntry]) -> str:
+    """Each source's weight, counts and shares in six short columns (sample types and other subflavors,
+    which can be long, are the asset's `subflavors` metadata); sources of weight 0 are named below it."""
     draws, tokens = draw_shares(entries), token_shares(entries)
-    lines = [
-        "| source | sample type | samples | bins | tokens | weight | share of bins | share of tokens |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines = ["| source | weight | samples | bins | % bins | % tokens |", "|---|---:|---:|---:|---:|---:|"]
     for entry in entries:
-        shares = f"{draws[entry.source]:.1%} | {tokens[entry.source]:.1%}" if entry.weight else "left out (weight 0) | 0%"
-        lines.append(
-            f"| {entry.source} | {entry.sample_type} | {entry.samples} | {entry.bins} | {entry.tokens} "
-            f"| {entry.weight:g} | {shares} |"
-        )
+        shares = f"{draws[entry.source]:.1%} | {tokens[entry.source]:.1%}" if entry.weight else "– | –"
+        lines.append(f"| {entry.source} | {entry.weight:g} | {entry.samples} | {entry.bins} | {shares} |")
+    left_out = [entry.source for entry in entries if not entry.weight]
+    if left_out:
+        lines += ["", f"Weight 0, left out of the blend: {', '.join(left_out)}."]
     return "\n".join(lines)
 
 

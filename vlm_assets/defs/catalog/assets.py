@@ -20,16 +20,23 @@ from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import SampleForLength
 from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, processor_profile
 from vlm_assets.tokens.table import rows_to_recheck, write_length_table
-from vlm_assets.wording import plural
+from vlm_assets.wording import md_cell, plural
 
 # Rows of each kind (text only, one image, several, video, mixed) the check recomputes.
 CHECK_ROWS_PER_KIND = 8
+# Rows of the rejects_by_reason table: the commonest reasons, the others counted below it.
+SHOWN_REASONS = 20
 
 
-def _reason_table(reasons: Counter[str]) -> str:
+def reason_table_md(reasons: Counter[str], rows: int = SHOWN_REASONS) -> str:
+    """The commonest reasons, whole, one row each; the rest summed up in one line below the table."""
     if not reasons:
         return "_none_"
-    lines = ["| reason | samples |", "|---|---|"] + [f"| {reason} | {count} |" for reason, count in reasons.most_common()]
+    ranked = reasons.most_common()
+    lines = ["| reason | samples |", "|---|---:|"] + [f"| {md_cell(reason)} | {count} |" for reason, count in ranked[:rows]]
+    rest = ranked[rows:]
+    if rest:
+        lines += ["", f"… {plural(len(rest), 'more reason')} ({plural(sum(count for _, count in rest), 'sample')})"]
     return "\n".join(lines)
 
 
@@ -66,7 +73,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         "ok": summary.ok,
         "rejected": summary.rejected,
         "media_type_counts": dg.MetadataValue.json(dict(summary.media_types.most_common())),
-        "rejects_by_reason": dg.MetadataValue.md(_reason_table(summary.reject_reasons)),
+        "rejects_by_reason": dg.MetadataValue.md(reason_table_md(summary.reject_reasons)),
         "multi_turn_samples": summary.multi_turn,
         "media_decoded": validator.decoded,
         "media_unchanged_since_last_check": validator.remembered,

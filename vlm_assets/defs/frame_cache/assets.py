@@ -22,9 +22,11 @@ from vlm_assets.frames.plan import (
 from vlm_assets.frames.probe import SampledFrames
 from vlm_assets.frames.shard import ensure_shard, tar_path
 from vlm_assets.frames.spool import MosaicSpool
-from vlm_assets.wording import plural
+from vlm_assets.wording import md_cell, plural, shortened
 
 LOG_EVERY = 25
+# Characters of a video's error in the latest_videos table (cut at a word; the log has it whole).
+PLAN_ERROR_CHARS = 100
 
 
 def frame_cache_dir(vlm_config: VlmConfig) -> Path:
@@ -46,10 +48,11 @@ def _known_frames(vlm_config: VlmConfig, log: dg.DagsterLogManager) -> dict[str,
     return known
 
 
-def _plan_table(plan: list[PlannedVideo], limit: int = 10) -> str:
+def plan_table_md(plan: list[PlannedVideo], limit: int = 10) -> str:
     lines = ["| video | shard | frames | fps | error |", "|---|---|---|---|---|"]
     for video in plan[-limit:]:
-        lines.append(f"| {video.keys[0]} | {video.shard} | {video.total_frames} | {video.fps:g} | {video.error[:80]} |")
+        error = md_cell(shortened(video.error, PLAN_ERROR_CHARS))
+        lines.append(f"| {md_cell(video.keys[0])} | {video.shard} | {video.total_frames} | {video.fps:g} | {error} |")
     return "\n".join(lines)
 
 
@@ -108,7 +111,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         "new_shards": dg.MetadataValue.json(new_keys),
         "sources_without_catalog": dg.MetadataValue.json(missing),
         "path": dg.MetadataValue.path(str(cache_dir)),
-        "latest_videos": dg.MetadataValue.md(_plan_table(plan)),
+        "latest_videos": dg.MetadataValue.md(plan_table_md(plan)),
     }, fingerprint))
 
 

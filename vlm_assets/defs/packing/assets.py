@@ -236,5 +236,7 @@ def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         "tokens": sum(entry.tokens for entry in entries),
         "mix": dg.MetadataValue.md(mix_table_md(entries)),
         "token_shares": dg.MetadataValue.json({source: round(share, 6) for source, share in tokens.items()}),
+        "tokens_by_source": dg.MetadataValue.json({entry.source: entry.tokens for entry in entries}),
+        "subflavors": dg.MetadataValue.json({entry.source: entry.subflavors for entry in entries}),
         "left_out": dg.MetadataValue.json(left_out),
     }, fingerprint))
