@@ -13,9 +13,10 @@ import pandas as pd
 from vlm_assets.catalog.images import ImageTooLarge, opened_image
 from vlm_assets.catalog.media import kind_from_name, open_media, sniff_extension
 from vlm_assets.catalog.media_checks import MediaCheckLog, media_fingerprint
+from vlm_assets.catalog.media_resolution import ResolvedMedia
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
+from vlm_assets.catalog.readers import RawRecord, read_source
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
-from vlm_assets.catalog.sources import RawRecord, ResolvedMedia, read_source
 from vlm_assets.config import DEFAULT_MAX_IMAGE_PIXELS, SourceConfig
 from vlm_assets.parallel import ordered_map
 
