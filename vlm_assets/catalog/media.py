@@ -36,15 +36,20 @@ def tar_member_path(ref: str) -> str:
     return _parse_tar_ref(ref)[2]
 
 
+def read_tar_member(tar_path: str | os.PathLike[str], offset: int, size: int) -> bytes:
+    """One tar member's data, read in place: `size` bytes at `offset` (OSError when the tar is cut short)."""
+    with open(tar_path, "rb") as handle:
+        handle.seek(offset)
+        data = handle.read(size)
+    if len(data) != size:
+        raise OSError(f"{tar_path}: tar member at offset {offset} is truncated ({len(data)} of {size} bytes)")
+    return data
+
+
 def read_media_bytes(ref: str) -> bytes:
     if is_tar_ref(ref):
         offset, size, path = _parse_tar_ref(ref)
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read(size)
-        if len(data) != size:
-            raise OSError(f"{path}: tar member at offset {offset} is truncated ({len(data)} of {size} bytes)")
-        return data
+        return read_tar_member(path, offset, size)
     return Path(ref).read_bytes()
 
 

@@ -6,6 +6,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from vlm_assets.catalog.media import read_tar_member
 from vlm_assets.catalog.media_resolution import (
     FileResolver,
     SourceScope,
@@ -98,15 +99,6 @@ def _member_kind(member: tarfile.TarInfo) -> str:
     return "not a regular file"
 
 
-def _read_member(shard: Path, offset: int, size: int) -> bytes:
-    with open(shard, "rb") as handle:
-        handle.seek(offset)
-        data = handle.read(size)
-    if len(data) != size:
-        raise OSError(f"member data is truncated ({len(data)} of {size} bytes)")
-    return data
-
-
 def _read_tar_samples(
     source: SourceConfig, shard: Path, shard_key: str, limits: RecordLimits, shard_resolver: FileResolver
 ) -> Iterator[RawRecord]:
@@ -129,7 +121,7 @@ def _read_tar_samples(
             yield RawRecord(sample_id, origin, None, resolver, error)
             continue
         try:
-            payload = _read_member(shard, offset, size)
+            payload = read_tar_member(shard, offset, size)
         except OSError as read_error:
             yield RawRecord(sample_id, origin, None, resolver, f"unreadable member {where}: {read_error}")
             continue
