@@ -386,8 +386,9 @@ def test_train_reuses_workdir_until_manifest_changes(tmp_path: Path, dataset, mo
     assert prepare_workdir(package, workdir).extracted is True, "an incomplete workdir is re-extracted"
 
 
-def test_train_without_command_or_unknown_placeholder(tmp_path: Path, dataset) -> None:
+def test_train_without_command_or_unknown_placeholder(tmp_path: Path, dataset, monkeypatch) -> None:
     root, _ = dataset
+    monkeypatch.chdir(tmp_path)  # where the default workdirs go
     package = write_package(make_spec(root, "gzip"), tmp_path / "run.nnpkg", created_at=CREATED_AT).path
     with pytest.raises(PackageError, match="no training command"):
         train_from_package(package)

@@ -21,8 +21,10 @@ from vlm_assets.config import load_config
 from vlm_assets.frames.plan import PlannedVideo, write_plan
 from vlm_assets.layout import StorageLayout
 from vlm_assets.package import MANIFEST_NAME, PackageError, extract_package, prepare_workdir, read_manifest, write_package
+from vlm_assets.package.compression import package_file_name
 from vlm_assets.package.readiness import frame_cache_gaps, input_problems, missing_shards
 from vlm_assets.package.writer import source_date_epoch
+from vlm_assets.root_owner import claim_storage_root
 from vlm_assets_tests.test_package import (
     CREATED_AT,
     _member,
@@ -168,10 +170,11 @@ def test_empty_or_missing_folder_needs_no_force_and_a_failure_removes_the_folder
         extract_package(good_package, not_a_folder, force=True)
 
 
-def test_train_re_extracts_into_its_workdir_beside_other_files(tmp_path: Path, dataset) -> None:  # noqa: F811 (fixture)
+def test_train_re_extracts_into_its_workdir_beside_other_files(tmp_path: Path, dataset, monkeypatch) -> None:  # noqa: F811 (fixture)
     root, _ = dataset
     package = write_package(make_spec(root, "zstd"), tmp_path / "run.nnpkg.zst").path
-    workdir = tmp_path / "run.nnpkg.zst.d"
+    monkeypatch.chdir(tmp_path)
+    workdir = tmp_path / "run.d"
     workdir.mkdir()
     (workdir / "train.log").write_bytes(b"log")
     assert prepare_workdir(package).extracted is True, "a workdir with the run's own files is extracted into"
@@ -286,13 +289,49 @@ def test_frame_cache_is_checked_only_when_packaged(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("order", ["options first", "options after the package"])
-def test_train_takes_its_options_before_or_after_the_package(tmp_path: Path, dataset, capfd, order: str) -> None:  # noqa: F811
+def test_train_takes_its_options_before_or_after_the_package(
+    tmp_path: Path, dataset, capfd, monkeypatch, order: str,  # noqa: F811 (fixture)
+) -> None:
     from vlm_assets.cli import main
 
     root, _ = dataset
     package = str(write_package(make_spec(root, "zstd"), tmp_path / "run.nnpkg.zst").path)
+    monkeypatch.chdir(tmp_path)
     command = [sys.executable, "-c", "import sys; print('ARGS', sys.argv[1:])"]
     options = ["--command", subprocess.list2cmdline(command) + " {workdir}"]
     line = [*options, package] if order == "options first" else [package, *options]
     assert main(["package", "train", *line, "--", "--epochs", "3"]) == 0
-    assert f"ARGS ['{package}.d', '--epochs', '3']" in capfd.readouterr().out
+    assert f"ARGS ['{tmp_path / 'run.d'}', '--epochs', '3']" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("compress", ["zstd", "gzip"])
+def test_train_unpacks_into_the_current_directory_never_among_the_outputs(
+    tmp_path: Path, dataset, capfd, monkeypatch, compress: str,  # noqa: F811 (fixture)
+) -> None:
+    root, _ = dataset
+    claim_storage_root(root, tmp_path / "vlm_assets.yaml")
+    packages = StorageLayout(root).packages
+    package = str(write_package(make_spec(root, compress), packages / package_file_name("run", compress)).path)
+    print_workdir = ["--command", subprocess.list2cmdline([sys.executable, "-c", "import sys; print('WORKDIR', sys.argv[1])"]) + " {workdir}"]
+    here = tmp_path / "training"
+    here.mkdir()
+    monkeypatch.chdir(here)
+
+    assert run_cli("train", package, *print_workdir) == 0
+    assert f"WORKDIR {here / 'run.d'}\n" in capfd.readouterr().out
+    assert (here / "run.d" / MANIFEST_NAME).is_file()
+    assert sorted(path.name for path in packages.iterdir()) == [Path(package).name], "nothing unpacked beside the package"
+    assert run_cli("train", package, *print_workdir) == 0
+    assert f"reusing {here / 'run.d'} (manifest unchanged)" in capfd.readouterr().err
+
+    assert run_cli("extract", package) == 2, "extract's default is the same folder, not empty now"
+    assert f"{here / 'run.d'}" in capfd.readouterr().err
+
+    monkeypatch.chdir(packages)
+    assert run_cli("train", package, *print_workdir) == 2
+    error = capfd.readouterr().err
+    assert f"the default workdir {packages / 'run.d'} would lie inside the storage root {root}" in error and "--workdir" in error
+    assert sorted(path.name for path in packages.iterdir()) == [Path(package).name]
+    elsewhere = tmp_path / "explicit"
+    assert run_cli("train", "--workdir", str(elsewhere), package, *print_workdir) == 0
+    assert f"WORKDIR {elsewhere}\n" in capfd.readouterr().out

@@ -29,7 +29,7 @@ typical use:
   vlm-assets package info run.nnpkg.zst                              # reads only manifest.json
   vlm-assets package verify run.nnpkg.zst                            # recomputes every sha256
   vlm-assets package extract run.nnpkg.zst -o DIR                    # verified; a non-empty DIR needs --force
-  vlm-assets package train run.nnpkg.zst                             # verify, extract once, run train_command
+  vlm-assets package train run.nnpkg.zst                             # verify, extract once into ./run.d, run train_command
 """
 
 
@@ -211,7 +211,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="verify and safely extract (refuses absolute paths, '..', links, devices, unlisted members)",
     )
     extract.add_argument("package")
-    extract.add_argument("-o", "--output", help="target folder (default: <package>.d)")
+    extract.add_argument(
+        "-o", "--output", help="target folder (default: ./NAME.d in the current directory, NAME being the package file's "
+        "name less .nnpkg or .nnpkg.zst; refused inside a storage root)",
+    )
     extract.add_argument(
         "--force",
         action="store_true",
@@ -229,7 +232,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "{hyperparameters} (JSON), {hp[KEY]}. Exits with the command's exit code. "
         "Options may come before or after PACKAGE; arguments after `--` are appended to the command.",
     )
-    train.add_argument("--workdir", help="extraction folder (default: <package>.d)")
+    train.add_argument(
+        "--workdir", help="extraction folder, reused while the manifest is unchanged (default: ./NAME.d in the current "
+        "directory, NAME being the package file's name less .nnpkg or .nnpkg.zst; refused inside a storage root)",
+    )
     train.add_argument("--command", help="override the package's train_command")
     train.add_argument("--rehash", action="store_true", help="when reusing the workdir, re-check every extracted file's sha256")
     train.add_argument("package", help="package file")

@@ -1,7 +1,8 @@
 """Train from a package: verify and extract it once into a reusable workdir, then run its command.
 
-The workdir holds `data/<role>/…` plus a copy of the manifest written last, as a
-marker of a complete extraction. A later run reuses the workdir while the
+The workdir is `./<package name>.d` in the current directory unless one is given: never
+beside the package, which lies among a storage root's outputs. It holds `data/<role>/…`
+plus a copy of the manifest written last, as a marker of a complete extraction. A later run reuses the workdir while the
 package's manifest is byte-identical (cheap to check: only the first member is
 read) and every listed file is present with its size; otherwise it extracts
 again. Only `data/` and the marker are ever deleted from a workdir.
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlm_assets.atomic import atomic_write_bytes
-from vlm_assets.layout import METADATASET_NAME
+from vlm_assets.layout import METADATASET_NAME, StorageLayout
+from vlm_assets.package.compression import EXTENSIONS
 from vlm_assets.package.manifest import (
     DATA_PREFIX,
     MANIFEST_NAME,
@@ -51,7 +53,23 @@ class PreparedWorkdir:
 
 
 def default_workdir(package: Path) -> Path:
-    return package.with_name(package.name + ".d")
+    """`<package name>.d` in the current directory (the name is the file's, less .nnpkg or .nnpkg.zst).
+
+    Refused inside a storage root: a copy of the dataset among the outputs it was packed from would
+    double their size and sit in the tree the assets own."""
+    name = package.name
+    for extension in sorted(EXTENSIONS.values(), key=len, reverse=True):
+        if name.endswith(extension) and name != extension:
+            name = name.removesuffix(extension)
+            break
+    workdir = Path.cwd() / f"{name}.d"
+    for folder in workdir.parents:
+        if StorageLayout(folder).owner.is_file():
+            raise PackageError(
+                f"the default workdir {workdir} would lie inside the storage root {folder}; "
+                "run from another directory or pass --workdir DIR"
+            )
+    return workdir
 
 
 def _workdir_matches(workdir: Path, manifest_bytes: bytes, manifest: Manifest, rehash: bool) -> bool:
@@ -70,8 +88,8 @@ def _workdir_matches(workdir: Path, manifest_bytes: bytes, manifest: Manifest, r
 def prepare_workdir(package: Path, workdir: Path | None = None, *, rehash: bool = False, log: Log | None = None) -> PreparedWorkdir:
     """Extract `package` into `workdir` unless a complete extraction of the same manifest is there."""
     log = log or (lambda message: None)
-    workdir = (default_workdir(package) if workdir is None else workdir).resolve()
     manifest = read_manifest(package)
+    workdir = (default_workdir(package) if workdir is None else workdir).resolve()
     manifest_bytes = manifest.to_bytes()
     if _workdir_matches(workdir, manifest_bytes, manifest, rehash):
         log(f"reusing {workdir} (manifest unchanged)")
