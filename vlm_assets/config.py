@@ -18,7 +18,7 @@ CONFIG_ENV_VAR = "VLM_ASSETS_CONFIG"
 DEFAULT_CONFIG_NAME = "vlm_assets.yaml"
 SOURCE_KINDS = ("flat_dir", "jsonl", "wds")
 SAMPLE_TYPES = ("packed_captioning", "packed_vqa", "packed_multi_mix_qa")
-# `packing.algorithm` is accepted for existing configs; best-fit decreasing is the only algorithm.
+# `packing.algorithm` may name the packing algorithm; best-fit decreasing is the only one, any other value is refused.
 PACKING_ALGORITHMS = ("best_fit_decreasing",)
 COMPRESSIONS = ("gzip", "zstd")  # implemented by vlm_assets.package.compression
 PACKAGE_PARTS = ("packed_wds", "frame_cache")

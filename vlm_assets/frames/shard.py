@@ -51,7 +51,7 @@ class ShardFailure:
 @dataclass(frozen=True)
 class ShardRecord:
     """Contents of part-NNNNN.done.json: only what the shard's bytes determine, so a rebuild
-    writes it byte for byte again (no timings; older records' `seconds` is ignored)."""
+    writes it byte for byte again (no timings)."""
 
     shard: str
     plan_digest: str

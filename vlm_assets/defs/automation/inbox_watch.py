@@ -80,8 +80,8 @@ class EntryState:
 @dataclass(frozen=True)
 class InboxCursor:
     entries: dict[str, EntryState] = field(default_factory=dict)  # name -> state, for entries present
-    # The newest mtime launched, kept by an earlier sensor version that recorded nothing per entry:
-    # read once so its registered entries count as done, never written back.
+    # A cursor of the form {"mark": newest mtime launched, "waiting": {name: fingerprint}} names no
+    # built entries: a registered entry no newer than its mark counts as done. Read, never written.
     legacy_mark: float = 0.0
 
     @classmethod

@@ -221,7 +221,8 @@ def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         except MixError as error:
             raise dg.Failure(description=f"training_mix: {error}") from error
         write_metadataset(path, entries)
-        # One dataset over every source (an earlier layout) would be packaged beside the mix, stale.
+        # Energon metadata directly under packed_wds/ makes it one dataset over every source, which
+        # packaging would copy beside the mix (that names each source's own dataset), stale.
         legacy = layout.packed_wds_root / MAIN_FOLDER_NAME
         if legacy.is_dir():
             shutil.rmtree(legacy)
