@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,8 +88,13 @@ def _image_error(ref: str, max_image_pixels: int) -> str:
                 return too_large
             image.load()
     except Exception as error:  # Pillow raises many types for bad data
-        return f"{type(error).__name__}: {error}"
+        # Pillow names an in-memory file (a tar member) by its object's address: a reason that
+        # would differ from run to run, so the catalogue's bytes would too.
+        return f"{type(error).__name__}: {OBJECT_ADDRESS.sub('', str(error))}"
     return ""
+
+
+OBJECT_ADDRESS = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
 VALIDATION_FRAME_SIZE = 28
