@@ -20,9 +20,12 @@ from vlm_assets.defs.resources import VlmConfig
 from vlm_assets.defs.tags import ALIVE_TAG, ASSET_TAG, LAUNCHED_BY_CLI, LAUNCHED_BY_TAG
 from vlm_assets.locks import process_token
 from vlm_assets.orchestration.instance import open_instance
+from vlm_assets.orchestration.worker_output import output_log
 from vlm_assets.package.writer import sha256_file
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 
+# Steps' INFO lines on the console logger: in a worker of `vlm-assets run` that is the workers' log
+# file (orchestration.worker_output), not the terminal.
 RUN_LOGGING = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 
@@ -124,8 +127,10 @@ IN_WORKER_PROCESS = Submission(execute_task)
 
 
 def write_run_log(instance: dg.DagsterInstance, run_id: str, log_dir: Path) -> Path:
-    """Every event of the run, with full tracebacks, in one text file."""
-    lines = []
+    """Every event of the run, with full tracebacks, in one text file, after where to find what
+    else the run's process printed."""
+    output = output_log()
+    lines = [f"what the worker processes printed (libraries' own output too): {output}"] if output else []
     for entry in instance.all_logs(run_id):
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(entry.timestamp))
         lines.append(f"{stamp} {entry.step_key or '-'}: {entry.user_message or entry.message or ''}")

@@ -3,6 +3,8 @@
 Each worker loads the code location and opens the instance (seconds of imports). Started first,
 they do it while the CLI loads its own copy, on the cores the CLI would otherwise leave idle, so
 this module imports nothing heavy.
+
+What the workers print goes to a log file (orchestration.worker_output), not the terminal.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 from vlm_assets.config import CONFIG_ENV_VAR
 from vlm_assets.orchestration.outage import is_outage
+from vlm_assets.orchestration.worker_output import send_output_to, workers_log_path
 from vlm_assets.parallel import skip_teardown_at_exit
 
 PARENT_WATCH_S = 1.0
@@ -25,10 +29,11 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _worker_init(parent_pid: int, config_path: str) -> None:
+def _worker_init(parent_pid: int, config_path: str, log_path: str) -> None:
     # Its own session: a Ctrl-C in the terminal reaches only the CLI, which then launches nothing
     # more and lets the steps in flight finish.
     os.setsid()
+    send_output_to(log_path)
     os.environ[CONFIG_ENV_VAR] = config_path
 
     def watch_parent() -> None:
@@ -56,6 +61,7 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
     fails them as dead), and a long step would keep the CLI waiting without a word."""
 
     workers: list[multiprocessing.process.BaseProcess]
+    log_path: Path  # where the workers' output goes
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
         if exc is not None and is_outage(exc):
@@ -71,14 +77,20 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
 
 
 def start_workers(config_path: str, workers: int) -> WorkerPool:
-    """`workers` worker processes for `run_graph`, already loading the code location.
+    """`workers` worker processes for `run_graph`, already loading the code location; their output
+    goes to a new file under $DAGSTER_HOME/logs (`pool.log_path`).
 
     $DAGSTER_HOME must be set first (see `vlm_assets.orchestration.home`): the workers open that instance.
     """
+    log_path = workers_log_path(Path(os.environ["DAGSTER_HOME"]))
+    # Here, not in the workers: a home we cannot write to is one error in the CLI, not a broken pool.
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.touch()
     pool = WorkerPool(
         max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-        initargs=(os.getpid(), config_path),
+        initargs=(os.getpid(), config_path, str(log_path)),
     )
+    pool.log_path = log_path
     others = set(multiprocessing.active_children())
     for _ in range(max(1, workers)):
         # A failed load is not reported here: the first run in that process fails with the error.
