@@ -47,6 +47,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     # Before this process imports Dagster: the workers' own loads then overlap it.
     with start_workers(str(app.path), workers) as pool:
+        print(f"worker output (Dagster's and the libraries' logs): {pool.log_path}", flush=True)
         from vlm_assets.definitions import build_definitions
         from vlm_assets.orchestration.celery_runs import CELERY
         from vlm_assets.orchestration.instance import open_instance

@@ -209,7 +209,8 @@ def run_graph(
                 try:
                     outcome = future.result()
                 except concurrent.futures.process.BrokenProcessPool:
-                    outcome = TaskOutcome(*node, failure="the worker process running it died (killed or out of memory)")
+                    outcome = TaskOutcome(*node, failure="the worker process running it died (killed or out of memory)",
+                                          log_path=str(pool.log_path))
                 except OSError as error:  # before its run started, e.g. the storage root turned read-only
                     outcome = TaskOutcome(*node, failure=f"{error.strerror or error}: {error.filename}")
                 scheduler.state[node] = "done" if outcome.success and not outcome.failed_checks else "failed"
