@@ -164,13 +164,15 @@ def test_concurrent_runs_on_one_storage_root_never_fail_and_write_the_same_bytes
         assert differences(expected, snapshot(load_config(config).storage_root)) == []
 
 
-def test_readers_never_see_energon_metadata_being_rewritten(reference, demo_config_path, tmp_path):
+def test_readers_never_see_energon_metadata_being_rewritten(demo_config_path, tmp_path):
     """Energon's loader, run over and over while forced runs re-prepare the metadata, always loads every sample."""
     from vlm_assets.packing.energon_loader import load_all_ids
 
     config = site_config(demo_config_path, tmp_path)
     home = tmp_path / "home"
-    assert run(config, home, *WORKERS, "--select", "energon_dataset").returncode == 0
+    # The reader loads demo_images' dataset: that source's lineage is what the forced runs rebuild.
+    lineage = "energon_dataset[demo_images]"
+    assert run(config, home, *WORKERS, "--select", lineage).returncode == 0
     root = load_config(config).storage_root / "packed_wds" / "demo_images"
     expected_ids = sorted(load_all_ids(root))
     failures, stop = [], threading.Event()
@@ -186,7 +188,7 @@ def test_readers_never_see_energon_metadata_being_rewritten(reference, demo_conf
     reader.start()
     try:
         for _ in range(2):
-            result = run(config, home, *WORKERS, "--select", "energon_dataset", "--force")
+            result = run(config, home, *WORKERS, "--select", lineage, "--force")
             assert result.returncode == 0, result.stdout[-3000:]
     finally:
         stop.set()
