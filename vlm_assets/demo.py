@@ -242,7 +242,11 @@ def write_demo(directory: str | Path, note: Callable[[str], None] = lambda line:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(path, target)
                 changed += 1
-    note(f"demo data: {changed} of {plural(len(files), 'file')} written, the others were already there")
+    if not changed:
+        note(f"demo data: all {plural(len(files), 'file')} already there, none written")
+    else:
+        note(f"demo data: {changed} of {plural(len(files), 'file')} written"
+             + (", the others were already there" if changed < len(files) else ""))
     config_path = root / CONFIG_NAME
     if config_path.is_file() and config_path.read_text(encoding="utf-8") != DEMO_CONFIG:
         note(f"kept your edited {config_path} (delete it to get the demo's own config back)")

@@ -19,6 +19,6 @@ def test_writing_the_demo_again_changes_nothing_and_keeps_an_edited_config(tmp_p
     assert config.read_text() == edited
     assert {path: path.stat().st_mtime_ns for path in files if path != config} == {
         path: mtime for path, mtime in files.items() if path != config}
-    assert notes[0].startswith(f"demo data: 0 of {len(files) - 1} files written")
+    assert notes[0] == f"demo data: all {len(files) - 1} files already there, none written"
     assert notes[1] == f"kept your edited {config} (delete it to get the demo's own config back)"
     assert not [path for path in (tmp_path / "demo").iterdir() if path.name.startswith(".demo-staging-")]
