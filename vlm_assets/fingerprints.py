@@ -129,6 +129,7 @@ class Fingerprints:
         self.sources = {source.name: source for source in sources}
         self.recorded = recorded
         self._source_files: dict[str, str] = {}
+        self._plan: tuple[tuple, dict[str, list]] | None = None
 
     def _of(self, asset: str, partition: str | None, *inputs: Any) -> str:
         return digest(asset, self.versions[asset], partition, *inputs)
@@ -184,16 +185,28 @@ class Fingerprints:
 
     def _frame_cache_shard(self, shard: str | None) -> str:
         """A shard's bytes follow from its members in the plan on disk (what its step reads) and the settings."""
-        members = shard_members(read_plan(self._frame_cache_dir())).get(shard or "", [])
+        members = self._plan_shards().get(shard or "", [])
         return self._of("frame_cache_shard", shard, plan_digest(members, self.app.frame_cache))
 
     def _frame_cache_index(self, _: None) -> str:
         """The index follows from the whole plan on disk and the shards as recorded."""
-        cache_dir = self._frame_cache_dir()
-        plan_file = cache_dir / PLAN_FILE
+        plan_file = self._frame_cache_dir() / PLAN_FILE
         plan_bytes = hashlib.sha256(plan_file.read_bytes()).hexdigest() if plan_file.is_file() else ""
-        shards = sorted((shard, self.recorded("frame_cache_shard", shard)) for shard in shard_members(read_plan(cache_dir)))
+        shards = sorted((shard, self.recorded("frame_cache_shard", shard)) for shard in self._plan_shards())
         return self._of("frame_cache_index", None, plan_bytes, shards)
+
+    def _plan_shards(self) -> dict[str, list]:
+        """The plan's shards and their videos, read again only when the plan file was rewritten: a
+        run asks for every shard's fingerprint, and a big plan holds hundreds of shards."""
+        cache_dir = self._frame_cache_dir()
+        try:
+            stat = (cache_dir / PLAN_FILE).stat()
+            identity: tuple = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        except FileNotFoundError:
+            identity = ()
+        if self._plan is None or self._plan[0] != identity:
+            self._plan = (identity, shard_members(read_plan(cache_dir)))
+        return self._plan[1]
 
     def _training_package(self, _: None) -> str:
         index = self.recorded("frame_cache_index", None) if "frame_cache" in self.app.package.include else None
