@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from vlm_assets.asset_registry import ASSET_NAMES
-from vlm_assets.config import CONFIG_ENV_VAR, ConfigError, load_config
+from vlm_assets.config import CONFIG_ENV_VAR, AppConfig, ConfigError, load_config
 from vlm_assets.orchestration.home import ensure_dagster_home
 from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable
 from vlm_assets.orchestration.workers import default_workers, start_workers
@@ -43,6 +43,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"{dagster} dev)", flush=True)
     # Before the workers start: each would wait out Dagster's connection retries on its own.
     require_reachable(home)
+    if args.plan:
+        return _plan(args, app, home)
     workers = args.workers or default_workers()
     started = time.monotonic()
     # Before this process imports Dagster: the workers' own loads then overlap it.
@@ -56,7 +58,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from vlm_assets.orchestration.task import IN_WORKER_PROCESS
 
         defs = build_definitions(str(app.path))
-        select = [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None
+        select = _selected(args)
         with open_instance(home) as instance:
             summary = run_graph(defs, app, instance, select, echo=_echo, workers=workers, force=args.force,
                                 log_dir=home / "logs", submission=CELERY if args.executor == "celery" else IN_WORKER_PROCESS,
@@ -74,6 +76,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if summary.interrupted:
         return 130
     return 0 if summary.ok else 1
+
+
+def _plan(args: argparse.Namespace, app: AppConfig, home: Path) -> int:
+    from vlm_assets.definitions import build_definitions
+    from vlm_assets.orchestration.instance import open_instance
+    from vlm_assets.orchestration.scheduler import plan_graph
+
+    defs = build_definitions(str(app.path))
+    with open_instance(home) as instance:
+        states = plan_graph(defs, app, instance, _selected(args), echo=_echo)
+    building = [name for name, state in states.items() if state.value != "up to date"]
+    print(f"{len(building)} of {len(states)} asset partition(s) to build first; what reads them follows "
+          "if their fingerprints change")
+    return 0
+
+
+def _selected(args: argparse.Namespace) -> list[str] | None:
+    return [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None
 
 
 def _positive_int(text: str) -> int:
@@ -109,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="runs at a time, each in its own worker process, at least 1 (default: the number of cores)")
     run.add_argument("--force", action="store_true",
                      help="rebuild every selected asset, even those whose inputs and settings are unchanged")
+    run.add_argument("--plan", action="store_true",
+                     help="build nothing: print each selected asset partition's state as the UI shows it (up to date, "
+                     "missing, failed or stale); the ones not up to date are what a run builds first")
     run.add_argument("--executor", choices=("in_process", "celery"), default="in_process",
                      help="where steps execute: in the run's worker process, or on Celery workers "
                           "(`vlm-assets worker`; needs $VLM_ASSETS_CELERY_BROKER)")

@@ -29,6 +29,7 @@ from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.frames.plan import (
     PLAN_FILE,
     frames_source_files,
+    plan_file_digest,
     read_plan,
     shard_members,
 )
@@ -139,11 +140,15 @@ class Fingerprints:
         return getattr(self, f"_{asset}")(partition)
 
     # -- per source ------------------------------------------------------------------------------
-    def _sample_catalog(self, source: str) -> str:
+    def source_files(self, source: str) -> str:
+        """The digest of the source's files as they are now (walked once per Fingerprints)."""
         if source not in self._source_files:
             excluded = [self.app.storage_root, self.app.path]
             self._source_files[source] = source_files_digest(self.sources[source], excluded)
-        return self._of("sample_catalog", source, self._source_files[source])
+        return self._source_files[source]
+
+    def _sample_catalog(self, source: str) -> str:
+        return self._of("sample_catalog", source, self.source_files(source))
 
     def _sample_lengths(self, source: str) -> str:
         return self._of("sample_lengths", source, self.recorded("sample_catalog", source),
@@ -171,16 +176,21 @@ class Fingerprints:
 
     # -- across sources --------------------------------------------------------------------------
     def _training_mix(self, _: None) -> str:
+        # An inbox source with no dataset yet is left out of the mix (VlmConfig.mix_sources), so its
+        # arrival alone changes nothing the mix reads.
+        configured = {source.name for source in self.app.sources}
         return self._of("training_mix", None, [
-            (name, self.recorded("energon_dataset", name), source.weight, self._sample_type(name), source.subflavors)
+            (name, dataset, source.weight, self._sample_type(name), source.subflavors)
             for name, source in sorted(self.sources.items())
+            for dataset in [self.recorded("energon_dataset", name)] if dataset or name in configured
         ])
 
     def _video_frame_plan(self, _: None) -> str:
         # Pre-computed frame counts are read as the videos of their source's media root.
         known = [(name, str(source.media_root), str(path), path.stat().st_size, path.stat().st_mtime_ns)
                  for name, source in sorted(self.sources.items()) for path in frames_source_files(source)]
-        catalogues = [self.recorded("sample_catalog", name) for name in sorted(self.sources)]
+        # A source without a catalogue yet is skipped by the plan (and joins it when catalogued).
+        catalogues = [recorded for name in sorted(self.sources) for recorded in [self.recorded("sample_catalog", name)] if recorded]
         return self._of("video_frame_plan", None, catalogues, known)
 
     def _frame_cache_shard(self, shard: str | None) -> str:
@@ -190,8 +200,7 @@ class Fingerprints:
 
     def _frame_cache_index(self, _: None) -> str:
         """The index follows from the whole plan on disk and the shards as recorded."""
-        plan_file = self._frame_cache_dir() / PLAN_FILE
-        plan_bytes = hashlib.sha256(plan_file.read_bytes()).hexdigest() if plan_file.is_file() else ""
+        plan_bytes = plan_file_digest(self._frame_cache_dir())
         shards = sorted((shard, self.recorded("frame_cache_shard", shard)) for shard in self._plan_shards())
         return self._of("frame_cache_index", None, plan_bytes, shards)
 

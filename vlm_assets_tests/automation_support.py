@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import dagster as dg
+
 from vlm_assets.demo import CONFIG_NAME
 
 INBOX_CONFIG = """\
@@ -45,3 +47,18 @@ def drop_video_source(demo_dir: Path, inbox: Path, name: str = "clips") -> Path:
 def drop_flat_source(demo_dir: Path, inbox: Path, name: str = "photos") -> Path:
     shutil.copytree(demo_dir / "flat", inbox / name)
     return inbox / name
+
+
+def tick(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, defs: dg.Definitions, cursor: str | None = None):
+    """One sensor evaluation, applying its dynamic-partition requests and storing its asset events as the daemon does."""
+    with dg.build_sensor_context(instance_ref=instance.get_ref(), cursor=cursor, definitions=defs, resources=defs.resources) as context:
+        result = sensor.evaluate_tick(context)
+    for request in result.dynamic_partitions_requests or []:
+        if isinstance(request, dg.DeleteDynamicPartitionsRequest):
+            for key in request.partition_keys:
+                instance.delete_dynamic_partition(request.partitions_def_name, key)
+        else:
+            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    for event in result.asset_events or []:
+        instance.report_runless_asset_event(event)
+    return result

@@ -13,13 +13,20 @@ import pytest
 from vlm_assets.defs.automation.follow import follow_upstream_sensor
 from vlm_assets.defs.automation.inbox_watch import InboxCursor, RunOutcome, RunState, decide
 from vlm_assets.defs.automation.integrity import integrity_schedules
-from vlm_assets.defs.automation.sensors import configured_sources_sensor, frame_cache_shards_sensor, inbox_sensor
+from vlm_assets.defs.automation.sensors import (
+    configured_sources_sensor,
+    frame_cache_shards_sensor,
+    inbox_sensor,
+    source_files_sensor,
+)
+from vlm_assets.defs.catalog.source_files import SOURCE_FILES
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS
 from vlm_assets.inbox import READY_MARKER, discover_inbox
 from vlm_assets.definitions import build_definitions
 from vlm_assets_tests.automation_support import (
     drop_flat_source,
     drop_video_source,
+    tick,
     write_inbox_config,
 )
 
@@ -36,19 +43,6 @@ def instance():
 def inbox_setup(tmp_path_factory):
     config = write_inbox_config(tmp_path_factory.mktemp("inbox_site"))
     return config, build_definitions(config)
-
-
-def tick(sensor, instance, defs, cursor=None):
-    """One sensor evaluation, applying its dynamic-partition requests as the daemon does."""
-    with dg.build_sensor_context(instance_ref=instance.get_ref(), cursor=cursor, definitions=defs, resources=defs.resources) as context:
-        result = sensor.evaluate_tick(context)
-    for request in result.dynamic_partitions_requests or []:
-        if isinstance(request, dg.DeleteDynamicPartitionsRequest):
-            for key in request.partition_keys:
-                instance.delete_dynamic_partition(request.partitions_def_name, key)
-        else:
-            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-    return result
 
 
 def launch(defs, instance, request) -> bool:
@@ -281,6 +275,30 @@ def test_inbox_cursor_is_bounded_by_the_entries_present(tmp_path, instance, demo
     drained = tick(inbox_sensor, instance, defs, cursor)
     assert instance.get_dynamic_partitions(SOURCES_PARTITIONS.name) == []
     assert json.loads(drained.cursor) == {"entries": {}}
+
+
+def test_source_files_sensor_observes_a_source_whose_files_changed(tmp_path, instance):
+    config = write_inbox_config(tmp_path / "site")
+    manifest = tmp_path / "site" / "notes.jsonl"
+    manifest.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+    config.write_text(config.read_text() + "sources:\n  - {name: notes, kind: jsonl, path: ./notes.jsonl}\n")
+    defs = build_definitions(config)
+    assert tick(source_files_sensor, instance, defs).skip_message  # not registered yet: nothing to observe
+    instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["notes"])
+
+    def observed() -> list[str]:
+        records = instance.fetch_observations(dg.AssetRecordsFilter(asset_key=SOURCE_FILES, asset_partitions=["notes"]), limit=10).records
+        return [record.asset_observation.data_version for record in records]
+
+    assert len(tick(source_files_sensor, instance, defs).asset_events) == 1
+    first = observed()
+    assert len(first) == 1 and first[0]
+    assert tick(source_files_sensor, instance, defs).skip_message  # unchanged: no new observation
+    assert observed() == first
+    with manifest.open("a") as handle:
+        handle.write('{"messages": [{"role": "user", "content": "again"}, {"role": "assistant", "content": "yes"}]}\n')
+    tick(source_files_sensor, instance, defs)
+    assert len(observed()) == 2 and observed()[0] != first[0]
 
 
 def test_configured_sources_sensor_registers_partitions_without_runs(instance, demo_config_path):

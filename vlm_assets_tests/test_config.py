@@ -74,7 +74,7 @@ def test_a_missing_config_still_loads_the_code_location_and_each_run_names_it(tm
     config = tmp_path / "absent.yaml"
     defs = build_definitions(config)  # what `dagster dev` loads: no config error at load time
     defs.resolve_asset_graph()
-    training_mix = next(a for a in defs.assets if dg.AssetKey("training_mix") in a.keys)
+    training_mix = next(a for a in defs.assets if isinstance(a, dg.AssetsDefinition) and dg.AssetKey("training_mix") in a.keys)
     with pytest.raises(dg.DagsterResourceFunctionError) as error:
         dg.materialize([training_mix], resources=defs.resources, instance=dg.DagsterInstance.ephemeral())
     cause = error.value.__cause__

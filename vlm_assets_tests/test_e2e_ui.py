@@ -7,17 +7,13 @@ test-artifacts/. Every process started here is stopped, and none may outlive the
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -29,6 +25,7 @@ from vlm_assets_tests.automation_support import (
     drop_video_source,
     write_inbox_config,
 )
+from vlm_assets_tests.ui_support import Ui, free_port, stop_group, wait_for, wait_for_location
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes]
 
@@ -56,10 +53,6 @@ query {
 }"""
 RUNS_QUERY = """
 query { runsOrError { ... on Runs { results { runId status tags { key value } } } } }"""
-LOCATION_QUERY = """
-query { workspaceOrError { ... on Workspace { locationEntries { name
-  locationOrLoadError { __typename ... on RepositoryLocation { repositories { name } } ... on PythonError { message } }
-} } } }"""
 CHECK_EXECUTIONS_QUERY = """
 query($key: AssetKeyInput!, $name: String!) {
   assetCheckExecutions(assetKey: $key, checkName: $name, limit: 50) { runId status timestamp }
@@ -82,40 +75,6 @@ def _chromium() -> str:
     pytest.skip("chromium not installed (apt-get install chromium)")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Ui:
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-
-    def graphql(self, query: str, variables: dict | None = None) -> dict:
-        body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        request = urllib.request.Request(f"{self.url}/graphql", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            payload = json.load(response)
-        assert not payload.get("errors"), payload["errors"]
-        return payload["data"]
-
-
-def _wait(what: str, timeout_s: float, probe, log: Path, interval_s: float = 3.0):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            result, last = probe()
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
-            result, last = None, f"not answering: {error}"
-        if result is not None:
-            return result
-        time.sleep(interval_s)
-    tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; last state: {last}\n--- dagster dev log tail ---\n{tail}")
-
-
 def _processes_with(marker: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -126,20 +85,6 @@ def _processes_with(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
-
-
-def _stop_group(process: subprocess.Popen, timeout_s: float) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # anything of the group still there
-    except ProcessLookupError:
-        pass
-    process.wait(10)
 
 
 def _pipeline_state(ui: Ui):
@@ -178,7 +123,7 @@ def test_dagster_dev_sensor_runs_checks_and_asset_graph(tmp_path, demo_config_pa
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     home = ensure_dagster_home(tmp_path / "dagster_home")
     location = ["-m", "vlm_assets.definitions"]
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "VLM_ASSETS_CONFIG": str(config), MARKER_ENV: marker,
            "VLM_ASSETS_SENSOR_INTERVAL_S": "5", "PYTHONPATH": str(REPO)}
     ARTIFACTS.mkdir(exist_ok=True)
@@ -190,15 +135,7 @@ def test_dagster_dev_sensor_runs_checks_and_asset_graph(tmp_path, demo_config_pa
             cwd=tmp_path, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
-            def location_loaded():
-                entries = ui.graphql(LOCATION_QUERY)["workspaceOrError"]["locationEntries"]
-                loaded = [e for e in entries if (e["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation"]
-                errors = [e["locationOrLoadError"] for e in entries
-                          if (e["locationOrLoadError"] or {}).get("__typename") == "PythonError"]
-                assert not errors, errors
-                return (loaded[0] if loaded else None), entries
-
-            entry = _wait("the webserver and code location", STARTUP_TIMEOUT_S, location_loaded, log)
+            entry = wait_for_location(ui, STARTUP_TIMEOUT_S, log)
             selector = {"repositoryLocationName": entry["name"],
                         "repositoryName": entry["locationOrLoadError"]["repositories"][0]["name"],
                         "sensorName": "inbox_sensor"}
@@ -207,7 +144,7 @@ def test_dagster_dev_sensor_runs_checks_and_asset_graph(tmp_path, demo_config_pa
 
             drop_flat_source(demo_config_path.parent, inbox, name="photos")
             drop_video_source(demo_config_path.parent, inbox, name="clips")
-            assets, runs = _wait("the sensor-launched runs and the automation after them", PIPELINE_TIMEOUT_S,
+            assets, runs = wait_for("the sensor-launched runs and the automation after them", PIPELINE_TIMEOUT_S,
                                  lambda: _pipeline_state(ui), log, interval_s=5)
 
             failed = [(run["runId"], run["status"]) for run in runs if run["status"] != "SUCCESS"]
@@ -248,10 +185,10 @@ def test_dagster_dev_sensor_runs_checks_and_asset_graph(tmp_path, demo_config_pa
             try:
                 browser.wait(120)
             finally:
-                _stop_group(browser, 10)
+                stop_group(browser, 10)
             assert screenshot.is_file() and screenshot.stat().st_size > 20_000, "no screenshot of the asset graph"
         finally:
-            _stop_group(dev, SHUTDOWN_TIMEOUT_S)
+            stop_group(dev, SHUTDOWN_TIMEOUT_S)
             deadline = time.monotonic() + 30
             while _processes_with(marker) and time.monotonic() < deadline:
                 time.sleep(1)

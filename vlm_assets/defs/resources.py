@@ -20,9 +20,10 @@ from vlm_assets.root_owner import claim_storage_root
 FINGERPRINT_KEY = "fingerprint"
 
 
-def versioned(metadata: dict[str, Any], fingerprint: str) -> dict[str, Any]:
-    """MaterializeResult arguments that record `fingerprint` as data version and in the metadata."""
-    return {"metadata": {**metadata, FINGERPRINT_KEY: fingerprint}, "data_version": dg.DataVersion(fingerprint)}
+def versioned(metadata: dict[str, Any], fingerprint: str, data_version: str | None = None) -> dict[str, Any]:
+    """MaterializeResult arguments that record `fingerprint` in the metadata and as data version
+    (`data_version` instead where an output's bytes can stay the same over changed inputs)."""
+    return {"metadata": {**metadata, FINGERPRINT_KEY: fingerprint}, "data_version": dg.DataVersion(data_version or fingerprint)}
 
 
 def latest_materialization(instance: dg.DagsterInstance, asset: str, partition: str | None) -> dg.EventLogRecord | None:

@@ -16,6 +16,10 @@ INBOX_ATTEMPT_TAG = "vlm_assets/inbox_attempt"
 # Dagster's own: the partition a run of a partitioned job covers.
 PARTITION_TAG = "dagster/partition"
 
+# Dagster's own event tag for an observation's data version: what an observable asset's
+# `DataVersion` becomes (vlm_assets.defs.catalog.source_files reports observations itself).
+DATA_VERSION_TAG = "dagster/data_version"
+
 # Asset tags.
 # The asset's step splits its work into chunks over several processes (vlm_assets.parallel);
 # `vlm-assets run` gives such steps the workers no other run takes.

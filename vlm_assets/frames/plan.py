@@ -7,6 +7,7 @@ finished shards stay valid.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -63,6 +64,12 @@ def read_plan(cache_dir: Path) -> list[PlannedVideo]:
         return []
     with open(path, encoding="utf-8") as handle:
         return [PlannedVideo(**json.loads(line)) for line in handle if line.strip()]
+
+
+def plan_file_digest(cache_dir: Path) -> str:
+    """sha256 of the plan file's bytes ("" without one)."""
+    path = cache_dir / PLAN_FILE
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
 
 
 def write_plan(cache_dir: Path, plan: list[PlannedVideo]) -> None:

@@ -1,31 +1,73 @@
-"""Whether an asset partition is up to date, so `vlm-assets run` need not build it again.
+"""Whether an asset partition needs building, judged as the Dagster UI judges it.
 
-Up to date: its recorded fingerprint (data version) equals the one its upstreams' recorded
-fingerprints and the current settings give (vlm_assets.fingerprints), the run that recorded it
-succeeded, and its primary outputs (StorageLayout.primary_outputs) are on disk.
+Missing: never materialised, or its primary outputs (StorageLayout.primary_outputs) are gone.
+Failed: the latest run that set out to materialise it failed after its last materialisation (a
+run killed mid-step too, once marked failed). Stale: its recorded fingerprint (its data version)
+differs from the one its upstreams' recorded fingerprints and the current settings give
+(vlm_assets.fingerprints); the UI sees the same through code versions and data versions. Up to
+date otherwise. The sources' files are observed first (observe_sources), so a changed file shows
+in the UI as the stale catalogue that `vlm-assets run` rebuilds.
 """
 
 from __future__ import annotations
 
+import enum
+
 import dagster as dg
 
+from vlm_assets.config import SourceConfig
+from vlm_assets.defs.catalog.source_files import changed_source_files
 from vlm_assets.defs.resources import VlmConfig, latest_materialization, recorded_fingerprint
+
+FAILED_RUN = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+
+
+class State(enum.Enum):
+    UP_TO_DATE = "up to date"
+    MISSING = "missing"
+    FAILED = "failed"
+    STALE = "stale"
 
 
 class Freshness:
-    def __init__(self, vlm_config: VlmConfig, instance: dg.DagsterInstance, force: bool) -> None:
-        """`force`: nothing is up to date."""
+    def __init__(self, vlm_config: VlmConfig, instance: dg.DagsterInstance, force: bool,
+                 partitions_defs: dict[str, dg.PartitionsDefinition | None] | None = None) -> None:
+        """`force`: nothing is up to date. `partitions_defs`: each partitioned asset's definition."""
         self.vlm_config, self.instance, self.force = vlm_config, instance, force
         self.fingerprints = vlm_config.fingerprints(instance)
+        self.partitions_defs = partitions_defs or {}
+
+    def observe_sources(self, sources: list[SourceConfig]) -> list[str]:
+        """Record an observation of each source whose files changed since last observed; their names."""
+        observations = changed_source_files(self.instance, sources, self.fingerprints.source_files)
+        for observation in observations:
+            self.instance.report_runless_asset_event(observation)
+        return [str(observation.partition) for observation in observations]
 
     def up_to_date(self, asset: str, partition: str | None) -> bool:
-        if self.force:
-            return False
+        return not self.force and self.state(asset, partition) is State.UP_TO_DATE
+
+    def state(self, asset: str, partition: str | None) -> State:
         outputs = self.vlm_config.layout.primary_outputs(asset, partition, self.vlm_config.app)
-        if not all(path.exists() for path in outputs):
-            return False
         record = latest_materialization(self.instance, asset, partition)
-        if record is None or recorded_fingerprint(record) != self.fingerprints.of(asset, partition):
+        if record is None or not all(path.exists() for path in outputs):
+            return State.MISSING
+        if self._latest_attempt_failed(asset, partition, record.run_id):
+            return State.FAILED
+        if recorded_fingerprint(record) != self.fingerprints.of(asset, partition):
+            return State.STALE
+        return State.UP_TO_DATE
+
+    def _latest_attempt_failed(self, asset: str, partition: str | None, materialized_by: str) -> bool:
+        key = dg.AssetKey(asset)
+        partitions_def = self.partitions_defs.get(asset)
+        if partition is not None and partitions_def is not None:
+            status = self.instance.get_status_by_partition(key, [partition], partitions_def) or {}
+            return status.get(partition) == dg.AssetPartitionStatus.FAILED
+        records = self.instance.get_asset_records([key])
+        entry = records[0].asset_entry if records else None
+        latest_run_id = entry and (entry.last_planned_materialization_run_id or entry.last_run_id)
+        if not latest_run_id or latest_run_id == materialized_by:
             return False
-        run = self.instance.get_run_record_by_id(record.run_id)
-        return run is not None and run.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+        run = self.instance.get_run_record_by_id(latest_run_id)
+        return run is not None and run.dagster_run.status in FAILED_RUN

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from vlm_assets.config import AppConfig
+from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.defs.automation.dead_runs import fail_dead_runs
-from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS
+from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
 from vlm_assets.root_owner import claim_storage_root
 
@@ -51,6 +51,14 @@ def create_pool_limits(instance: dg.DagsterInstance, storage_root: Path) -> None
         for pool in (FRAME_CACHE_POOL, HEAVY_POOL):
             if pool not in existing:
                 instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
+
+
+def built_sources(vlm_config: VlmConfig, instance: dg.DagsterInstance) -> list[SourceConfig]:
+    """The sources a run builds, as the UI lists them: the configured ones, and the inbox entries the
+    inbox sensor has registered (a finished entry; one still being copied is not registered yet)."""
+    registered = set(instance.get_dynamic_partitions(SOURCES_PARTITIONS.name))
+    configured = {source.name for source in vlm_config.app.sources}
+    return [source for source in vlm_config.sources() if source.name in configured or source.name in registered]
 
 
 def register_sources(instance: dg.DagsterInstance, app: AppConfig) -> None:

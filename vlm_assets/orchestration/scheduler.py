@@ -20,11 +20,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from vlm_assets.config import AppConfig
+from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.defs.automation.dead_runs import assign_stranded_steps
-from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS
-from vlm_assets.orchestration.freshness import Freshness
-from vlm_assets.orchestration.instance import prepare_instance
+from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.orchestration.freshness import Freshness, State
+from vlm_assets.orchestration.instance import built_sources, prepare_instance
 from vlm_assets.orchestration.report import RunSummary, report_outcome
 from vlm_assets.orchestration.selection import GraphShape, Selection, graph_shape, selection_of
 from vlm_assets.orchestration.task import IN_WORKER_PROCESS, Submission, TaskOutcome, label
@@ -67,9 +67,9 @@ class _Stop:
 class _Scheduler:
     """Which asset partitions are ready to launch, given what has settled so far."""
 
-    def __init__(self, app: AppConfig, instance: dg.DagsterInstance, selection: Selection, shape: GraphShape,
-                 echo: Callable[[str], None]) -> None:
-        self.app, self.instance, self.shape, self.echo = app, instance, shape, echo
+    def __init__(self, sources: list[SourceConfig], instance: dg.DagsterInstance, selection: Selection,
+                 shape: GraphShape, echo: Callable[[str], None]) -> None:
+        self.sources, self.instance, self.shape, self.echo = [source.name for source in sources], instance, shape, echo
         self.selection = selection
         self.selected = selection.assets
         self.partitions: dict[str, list[str | None]] = {}
@@ -83,7 +83,7 @@ class _Scheduler:
         if name is None:
             keys: list[str | None] = [None]
         elif name == SOURCES_PARTITIONS.name:
-            keys = [source.name for source in self.app.sources]
+            keys = list(self.sources)
         else:
             parents = [p for p in self.shape.parents[asset] if p in self.selected]
             if any(not self._final(p) for p in parents):
@@ -97,7 +97,7 @@ class _Scheduler:
         problems = []
         for asset, wanted in self.selection.partitions.items():
             name = self.shape.partitioning[asset]
-            known = ([source.name for source in self.app.sources] if name == SOURCES_PARTITIONS.name
+            known = (self.sources if name == SOURCES_PARTITIONS.name
                      else list(self.instance.get_dynamic_partitions(name)))
             problems += [f"{label(asset, key)} (known: {', '.join(known) or 'none yet'})" for key in sorted(set(wanted) - set(known))]
         return problems
@@ -168,8 +168,12 @@ def run_graph(
     submission.check_ready(echo)
     summary = RunSummary()
     summary.dead_runs_failed = prepare_instance(instance, app, echo)
-    freshness = Freshness(defs.resources["vlm_config"], instance, force)  # type: ignore[arg-type]
-    scheduler = _Scheduler(app, instance, selection, shape, echo)
+    vlm_config: VlmConfig = defs.resources["vlm_config"]  # type: ignore[assignment]
+    freshness = Freshness(vlm_config, instance, force, shape.partitions_defs)
+    sources = built_sources(vlm_config, instance)
+    if "sample_catalog" in selected:
+        freshness.observe_sources(sources)
+    scheduler = _Scheduler(sources, instance, selection, shape, echo)
     unknown = scheduler.unknown_partitions()
     if unknown:
         raise ValueError(f"no such partition: {'; '.join(unknown)}")
@@ -222,6 +226,30 @@ def run_graph(
                  if (asset, key) not in scheduler.state]
         echo(f"stopped on request; not launched: {', '.join(never) or 'nothing'}")
     return summary
+
+
+def plan_graph(defs: dg.Definitions, app: AppConfig, instance: dg.DagsterInstance, select: Sequence[str] | None = None,
+               echo: Callable[[str], None] = print) -> dict[str, State]:
+    """Each selected asset partition's state (orchestration.freshness.State), as the UI shows it now;
+    nothing is built. Partitions that do not exist yet (shards of a plan not made) are not listed."""
+    shape = graph_shape(defs)
+    selection = selection_of(shape, select)
+    prepare_instance(instance, app, echo)
+    vlm_config: VlmConfig = defs.resources["vlm_config"]  # type: ignore[assignment]
+    freshness = Freshness(vlm_config, instance, False, shape.partitions_defs)
+    sources = built_sources(vlm_config, instance)
+    if "sample_catalog" in selection.assets:
+        freshness.observe_sources(sources)
+    states = {}
+    for asset in selection.assets:
+        name = shape.partitioning[asset]
+        keys: list[str | None] = ([None] if name is None else [source.name for source in sources]
+                                  if name == SOURCES_PARTITIONS.name else list(instance.get_dynamic_partitions(name)))
+        for key in keys:
+            if selection.keeps(asset, key):
+                states[label(asset, key)] = state = freshness.state(asset, key)
+                echo(f"{state.value:>10}  {label(asset, key)}")
+    return states
 
 
 def _process_shares(launch: list[tuple[str, str | None]], chunked: set[str], free: int) -> list[int | None]:

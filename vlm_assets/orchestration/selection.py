@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
+from vlm_assets.asset_registry import ASSET_NAMES
 from vlm_assets.defs.tags import CHUNKED_TAG
 
 
@@ -16,13 +17,17 @@ class GraphShape:
     order: list[str]  # asset names, dependencies first
     parents: dict[str, set[str]]
     partitioning: dict[str, str | None]  # name of the dynamic partitions definition, or None
+    partitions_defs: dict[str, dg.PartitionsDefinition | None]
     chunked: set[str] = field(default_factory=set)  # assets whose step can use several processes
 
 
 def graph_shape(defs: dg.Definitions) -> GraphShape:
-    specs = {spec.key.to_user_string(): spec for spec in defs.resolve_all_asset_specs()}
+    # The assets we build; external ones (the sources' files) are observed, not built.
+    specs = {spec.key.to_user_string(): spec for spec in defs.resolve_all_asset_specs()
+             if spec.key.to_user_string() in ASSET_NAMES}
     parents = {name: {dep.asset_key.to_user_string() for dep in spec.deps} & set(specs) for name, spec in specs.items()}
-    partitioning = {name: getattr(spec.partitions_def, "name", None) for name, spec in specs.items()}
+    partitions_defs = {name: spec.partitions_def for name, spec in specs.items()}
+    partitioning = {name: getattr(partitions_def, "name", None) for name, partitions_def in partitions_defs.items()}
     order: list[str] = []
     remaining = dict(parents)
     while remaining:
@@ -33,7 +38,7 @@ def graph_shape(defs: dg.Definitions) -> GraphShape:
         for name in ready:
             del remaining[name]
     chunked = {name for name, spec in specs.items() if spec.tags.get(CHUNKED_TAG) == "true"}
-    return GraphShape(order, parents, partitioning, chunked)
+    return GraphShape(order, parents, partitioning, partitions_defs, chunked)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Sensors: new sources from the inbox, configured sources' partitions, new frame-cache shards."""
+"""Sensors: new sources from the inbox, configured sources' partitions, changed source files, new frame-cache shards."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from vlm_assets.defs.automation.inbox_watch import (
     fingerprint_key,
     vanished_sources,
 )
+from vlm_assets.defs.catalog.source_files import changed_source_files
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.defs.tags import INBOX_ATTEMPT_TAG, INBOX_ENTRY_TAG, INBOX_FINGERPRINT_TAG, LAUNCHED_BY_TAG
 from vlm_assets.frames.index import done_shards
@@ -26,6 +27,8 @@ from vlm_assets.wording import plural
 
 INTERVAL_ENV_VAR = "VLM_ASSETS_SENSOR_INTERVAL_S"
 SENSOR_INTERVAL_S = int(os.environ.get(INTERVAL_ENV_VAR, "30"))
+# Walking a source of millions of files takes a while: its files are looked at less often.
+SOURCE_SCAN_INTERVAL_S = 300
 
 VIDEO_FRAME_PLAN = dg.AssetKey("video_frame_plan")
 FRAME_CACHE_SHARD = dg.AssetKey("frame_cache_shard")
@@ -144,6 +147,23 @@ def configured_sources_sensor(context: dg.SensorEvaluationContext, vlm_config: V
         return dg.SensorResult(skip_reason="every configured source is registered")
     context.log.info(f"registering sources: {', '.join(new_keys)}")
     return dg.SensorResult(dynamic_partitions_requests=[SOURCES_PARTITIONS.build_add_request(new_keys)])
+
+
+@dg.sensor(
+    name="source_files_sensor",
+    minimum_interval_seconds=SOURCE_SCAN_INTERVAL_S,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Walks every registered source's files (names, sizes, modification times) and records an "
+    "observation of `source_files` for each source whose files changed, so its catalogue shows as stale "
+    "(launches nothing).",
+)
+def source_files_sensor(context: dg.SensorEvaluationContext, vlm_config: VlmConfig) -> dg.SensorResult:
+    fingerprints = vlm_config.fingerprints(context.instance)
+    observations = changed_source_files(context.instance, vlm_config.sources(), fingerprints.source_files)
+    if not observations:
+        return dg.SensorResult(skip_reason="no source's files changed since last observed")
+    context.log.info(f"files changed: {', '.join(str(observation.partition) for observation in observations)}")
+    return dg.SensorResult(asset_events=observations)
 
 
 @dg.sensor(

@@ -11,6 +11,7 @@ from vlm_assets.catalog.build import MediaValidator
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
+from vlm_assets.defs.catalog.source_files import SOURCE_FILES, observed_digest, source_files_observation
 from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
 from vlm_assets.defs.tags import CHUNKED_TAG
 from vlm_assets.frames.spool import MosaicSpool
@@ -42,6 +43,7 @@ def reason_table_md(reasons: Counter[str], rows: int = SHOWN_REASONS) -> str:
 
 @dg.asset(
     partitions_def=SOURCES_PARTITIONS,
+    deps=[SOURCE_FILES],
     group_name="catalog",
     kinds={"parquet"},
     tags={CHUNKED_TAG: "true"},
@@ -50,7 +52,12 @@ def reason_table_md(reasons: Counter[str], rows: int = SHOWN_REASONS) -> str:
 def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app = vlm_config.app
     source = vlm_config.source(context.partition_key)
-    fingerprint = vlm_config.fingerprint(context, "sample_catalog")
+    fingerprints = vlm_config.fingerprints(context.instance)
+    files_digest = fingerprints.source_files(source.name)
+    if observed_digest(context.instance, source.name) != files_digest:
+        # Recorded before the materialisation, so the UI compares later observations with what this read.
+        context.log_event(source_files_observation(source, files_digest))
+    fingerprint = fingerprints.of("sample_catalog", source.name)
     context.log.info(f"cataloguing {source.kind} source {source.name!r} at {source.path}")
     path = vlm_config.layout.catalog(source.name)
     with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):

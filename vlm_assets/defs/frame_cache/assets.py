@@ -15,6 +15,7 @@ from vlm_assets.frames.plan import (
     extend_plan,
     frames_source_files,
     load_frames_source,
+    plan_file_digest,
     read_plan,
     shard_members,
     write_plan,
@@ -112,7 +113,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         "sources_without_catalog": dg.MetadataValue.json(missing),
         "path": dg.MetadataValue.path(str(cache_dir)),
         "latest_videos": dg.MetadataValue.md(plan_table_md(plan)),
-    }, fingerprint))
+    }, fingerprint, data_version=plan_file_digest(cache_dir)))
 
 
 @dg.asset(

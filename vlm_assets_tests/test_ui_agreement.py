@@ -1,0 +1,154 @@
+"""`vlm-assets run` and the UI judge state alike.
+
+The demo graph is built by `vlm-assets run`, then a real `dagster-webserver` serves its instance.
+After each event (a config edit, a changed source file, a new inbox entry registered by the inbox
+sensor, a run killed mid-step) the asset partitions that `vlm-assets run --plan` would build are
+exactly those the webserver's GraphQL API marks stale, missing or failed; after `vlm-assets run`,
+the UI marks none and the plan lists none.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from vlm_assets.defs.automation.sensors import inbox_sensor
+from vlm_assets.definitions import build_definitions
+from vlm_assets.demo import write_demo
+from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, ensure_dagster_home
+from vlm_assets_tests.automation_support import drop_flat_source, tick
+from vlm_assets_tests.run_support import run, site_config, start_run, wait_for_started_run
+from vlm_assets_tests.ui_support import Ui, free_port, stop_group, wait_for_location
+
+pytestmark = pytest.mark.processes
+
+WEBSERVER = Path(sys.executable).with_name("dagster-webserver")
+STARTUP_TIMEOUT_S = 240
+
+ASSET_NODES = """
+query {
+  assetNodes {
+    assetKey { path } isMaterializable isPartitioned partitionKeys staleStatus
+    assetPartitionStatuses { ... on DefaultPartitionStatuses { failedPartitions unmaterializedPartitions } }
+  }
+}"""
+STALE_PARTITIONS = """
+query($key: AssetKeyInput!, $partitions: [String!]!) {
+  assetNodeOrError(assetKey: $key) { ... on AssetNode { staleStatusByPartition(partitions: $partitions) } }
+}"""
+LATEST = """
+query($keys: [AssetKeyInput!]!) {
+  assetsLatestInfo(assetKeys: $keys) { assetKey { path } latestMaterialization { runId } latestRun { id status } }
+}"""
+RELOAD = "mutation { reloadWorkspace { __typename } }"
+
+
+def ui_needs_building(ui: Ui) -> set[str]:
+    """Asset partitions the UI shows as missing, failed or stale, labelled as `vlm-assets run` labels them."""
+    nodes = [node for node in ui.graphql(ASSET_NODES)["assetNodes"] if node["isMaterializable"]]
+    latest = {tuple(info["assetKey"]["path"]): info for info in
+              ui.graphql(LATEST, {"keys": [{"path": node["assetKey"]["path"]} for node in nodes]})["assetsLatestInfo"]}
+    shown = set()
+    for node in nodes:
+        name = "/".join(node["assetKey"]["path"])
+        if node["isPartitioned"]:
+            statuses = node["assetPartitionStatuses"]
+            keys = node["partitionKeys"]
+            stale = ui.graphql(STALE_PARTITIONS, {"key": {"path": node["assetKey"]["path"]}, "partitions": keys})
+            for key, status in zip(keys, stale["assetNodeOrError"]["staleStatusByPartition"]):
+                if key in statuses["failedPartitions"] or key in statuses["unmaterializedPartitions"] or status != "FRESH":
+                    shown.add(f"{name} [{key}]")
+        else:
+            info = latest[tuple(node["assetKey"]["path"])]
+            run, materialization = info["latestRun"], info["latestMaterialization"]
+            failed = run is not None and run["status"] == "FAILURE" and (materialization or {}).get("runId") != run["id"]
+            if failed or node["staleStatus"] != "FRESH":
+                shown.add(name)
+    return shown
+
+
+def plan_needs_building(config: Path, home: Path) -> set[str]:
+    result = run(config, home, "--plan")
+    assert result.returncode == 0, result.stdout[-3000:]
+    states = [line.strip() for line in result.stdout.splitlines() if line.startswith(" ") or line.startswith("up to date")]
+    return {line.split("  ", 1)[1].strip() for line in states
+            if line.split("  ", 1)[0].strip() in ("missing", "failed", "stale")}
+
+
+def register_inbox_entries(config: Path, home: Path) -> set[str]:
+    """Tick the real inbox sensor until it registers the inbox's finished entries; the new `sources` partitions."""
+    defs = build_definitions(config)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        before = set(instance.get_dynamic_partitions("sources"))
+        cursor = None
+        for _ in range(2):  # an entry is taken once it is unchanged from one tick to the next
+            cursor = tick(inbox_sensor, instance, defs, cursor).cursor
+        return set(instance.get_dynamic_partitions("sources")) - before
+
+
+def test_run_and_the_ui_agree_on_what_needs_building(tmp_path, monkeypatch):
+    demo = write_demo(tmp_path / "demo").parent
+    config = site_config(demo / "vlm_assets.yaml", tmp_path / "site")
+    monkeypatch.delenv(POSTGRES_HOST_ENV, raising=False)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    home = ensure_dagster_home(tmp_path / "home")
+    built = run(config, home, "--workers", "2")
+    assert built.returncode == 0, built.stdout[-4000:]
+
+    port = free_port()
+    log = tmp_path / "webserver.log"
+    env = {**os.environ, "DAGSTER_HOME": str(home), "VLM_ASSETS_CONFIG": str(config)}
+    with open(log, "wb") as log_file:
+        server = subprocess.Popen(
+            [str(WEBSERVER), "-m", "vlm_assets.definitions", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=tmp_path, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            ui = Ui(port)
+            wait_for_location(ui, STARTUP_TIMEOUT_S, log)
+
+            def agree(event: str) -> set[str]:
+                planned = plan_needs_building(config, home)  # first: it observes the sources, fails dead runs
+                shown = ui_needs_building(ui)
+                assert planned == shown, f"{event}: `run --plan` would build {sorted(planned)}, the UI shows {sorted(shown)}"
+                return planned
+
+            def settle(event: str) -> None:
+                result = run(config, home, "--workers", "2")
+                assert result.returncode == 0, result.stdout[-4000:]
+                assert agree(f"after the run that followed {event}") == set()
+
+            assert agree("the first full build") == set()
+
+            raw = yaml.safe_load(config.read_text())
+            raw["sample"]["max_token_len"] = 4096
+            config.write_text(yaml.safe_dump(raw, sort_keys=False))
+            ui.graphql(RELOAD)  # the webserver reads the config when it loads the code location
+            assert {f"packing_bins [{name}]" for name in ("demo_images", "demo_video", "demo_wds")} <= agree("a config edit")
+            settle("a config edit")
+
+            manifest = demo / "video_train.jsonl"
+            stat = manifest.stat()
+            os.utime(manifest, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+            assert agree("a changed source file") == {"sample_catalog [demo_video]"}
+            settle("a changed source file")
+
+            drop_flat_source(demo, config.parent / "inbox")
+            (entry,) = register_inbox_entries(config, home)
+            assert {f"sample_catalog [{entry}]", f"energon_dataset [{entry}]"} <= agree("a new inbox entry")
+            settle("a new inbox entry")
+
+            killed = start_run(config, home, "--select", "sample_lengths[demo_video]", "--force")
+            wait_for_started_run(home, "sample_lengths", "demo_video")
+            os.killpg(killed.pid, signal.SIGKILL)
+            killed.wait(30)
+            assert agree("a run killed mid-step") == {"sample_lengths [demo_video]"}
+            settle("a run killed mid-step")
+        finally:
+            stop_group(server, 30)
