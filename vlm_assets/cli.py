@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -16,6 +19,7 @@ from vlm_assets.orchestration.home import ensure_dagster_home
 from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable
 from vlm_assets.orchestration.workers import default_workers, start_workers
 from vlm_assets.parallel import exit_without_teardown
+from vlm_assets.progress import PROGRESS_DIR_ENV_VAR
 
 EXIT_INSTANCE_UNREACHABLE = 3
 TRACEBACK_ENV_VAR = "VLM_ASSETS_TRACEBACK"  # set to 1: a handled error prints its traceback before its line
@@ -47,12 +51,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return _plan(args, app, home)
     workers = args.workers or default_workers()
     started = time.monotonic()
+    # The steps in flight write their progress there (vlm_assets.progress), for the bars.
+    progress_dir = home / "logs" / f"progress-{os.getpid()}"
+    progress_dir.mkdir(parents=True, exist_ok=True)
+    os.environ[PROGRESS_DIR_ENV_VAR] = str(progress_dir)
     # Before this process imports Dagster: the workers' own loads then overlap it.
-    with start_workers(str(app.path), workers) as pool:
+    with start_workers(str(app.path), workers) as pool, _removed_after(progress_dir):
         print(f"worker output (Dagster's and the libraries' logs): {pool.log_path}", flush=True)
         from vlm_assets.definitions import build_definitions
         from vlm_assets.orchestration.celery_runs import CELERY
         from vlm_assets.orchestration.instance import open_instance
+        from vlm_assets.orchestration.progress_view import ProgressView
         from vlm_assets.orchestration.report import print_outputs
         from vlm_assets.orchestration.scheduler import run_graph
         from vlm_assets.orchestration.task import IN_WORKER_PROCESS
@@ -62,7 +71,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         with open_instance(home) as instance:
             summary = run_graph(defs, app, instance, select, echo=_echo, workers=workers, force=args.force,
                                 log_dir=home / "logs", submission=CELERY if args.executor == "celery" else IN_WORKER_PROCESS,
-                                pool=pool)
+                                pool=pool, progress=ProgressView(progress_dir))
     print_outputs(app)
     print(f"{summary.runs} run(s), {len(summary.materialized)} materialisation(s), {len(summary.up_to_date)} up to date, "
           f"{len(summary.failed_runs)} failed run(s), {len(summary.failed_checks)} failed check(s), "
@@ -76,6 +85,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if summary.interrupted:
         return 130
     return 0 if summary.ok else 1
+
+
+@contextlib.contextmanager
+def _removed_after(directory: Path) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _plan(args: argparse.Namespace, app: AppConfig, home: Path) -> int:

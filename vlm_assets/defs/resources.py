@@ -13,6 +13,7 @@ from vlm_assets.fingerprints import Fingerprints, RecordedFingerprint
 from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
 from vlm_assets.packing.mix import mixable
+from vlm_assets.progress import ProgressFile
 from vlm_assets.locks import file_locks, process_token
 from vlm_assets.root_owner import claim_storage_root
 
@@ -24,6 +25,11 @@ def versioned(metadata: dict[str, Any], fingerprint: str, data_version: str | No
     """MaterializeResult arguments that record `fingerprint` in the metadata and as data version
     (`data_version` instead where an output's bytes can stay the same over changed inputs)."""
     return {"metadata": {**metadata, FINGERPRINT_KEY: fingerprint}, "data_version": dg.DataVersion(data_version or fingerprint)}
+
+
+def step_progress(context: dg.AssetExecutionContext, unit: str) -> ProgressFile:
+    """Where this step reports how far it is, for the progress bars of `vlm-assets run`."""
+    return ProgressFile(context.asset_key.to_user_string(), context.partition_key if context.has_partition_key else None, unit)
 
 
 def latest_materialization(instance: dg.DagsterInstance, asset: str, partition: str | None) -> dg.EventLogRecord | None:

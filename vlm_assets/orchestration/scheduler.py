@@ -26,6 +26,7 @@ from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PART
 from vlm_assets.orchestration.freshness import Freshness, State
 from vlm_assets.orchestration.instance import built_sources, prepare_instance
 from vlm_assets.orchestration.report import RunSummary, report_outcome
+from vlm_assets.orchestration.progress_view import ProgressView
 from vlm_assets.orchestration.selection import GraphShape, Selection, graph_shape, selection_of
 from vlm_assets.orchestration.task import IN_WORKER_PROCESS, Submission, TaskOutcome, label
 from vlm_assets.orchestration.workers import WorkerPool, start_workers
@@ -155,16 +156,20 @@ def run_graph(
     log_dir: Path | None = None,
     submission: Submission = IN_WORKER_PROCESS,
     pool: WorkerPool | None = None,
+    progress: ProgressView | None = None,
 ) -> RunSummary:
     """Materialise `select` (asset names or `asset[partition]`, and what they read) as one run per asset
     partition on `workers` processes.
 
     `submission`: where the runs execute (orchestration.task.Submission). `pool`: the processes
-    from `start_workers` (started here when not given); shut down on return.
+    from `start_workers` (started here when not given); shut down on return. `progress`: shows the
+    progress the steps in flight report (orchestration.progress_view).
     """
     shape = graph_shape(defs)
     selection = selection_of(shape, select)
     selected = selection.assets
+    if progress is not None:
+        echo = progress.echo(echo)
     submission.check_ready(echo)
     summary = RunSummary()
     summary.dead_runs_failed = prepare_instance(instance, app, echo)
@@ -204,6 +209,8 @@ def run_graph(
                 continue
             finished, _ = concurrent.futures.wait(list(in_flight), timeout=WAIT_POLL_S,
                                                   return_when=concurrent.futures.FIRST_COMPLETED)
+            if progress is not None:
+                progress.refresh(node for future, node in in_flight.items() if future not in finished)
             if time.monotonic() >= next_pool_sweep:
                 assign_stranded_steps(instance, [FRAME_CACHE_POOL, HEAVY_POOL])
                 next_pool_sweep = time.monotonic() + POOL_SWEEP_S
@@ -220,6 +227,8 @@ def run_graph(
                 scheduler.state[node] = "done" if outcome.success and not outcome.failed_checks else "failed"
                 report_outcome(outcome, summary, echo)
         summary.interrupted = stop.requested
+    if progress is not None:
+        progress.close()
     summary.blocked = [label(*node) for node, state in scheduler.state.items() if state == "blocked"]
     if summary.interrupted:
         never = [label(asset, key) for asset in selected for key in scheduler.partitions.get(asset, [None])

@@ -12,7 +12,7 @@ from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
 from vlm_assets.defs.catalog.source_files import SOURCE_FILES, observed_digest, source_files_observation
-from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, versioned
+from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, step_progress, versioned
 from vlm_assets.defs.tags import CHUNKED_TAG
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.tokens.histogram import length_histogram_md
@@ -58,6 +58,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         # Recorded before the materialisation, so the UI compares later observations with what this read.
         context.log_event(source_files_observation(source, files_digest))
     fingerprint = fingerprints.of("sample_catalog", source.name)
+    progress = step_progress(context, "records")
     context.log.info(f"cataloguing {source.kind} source {source.name!r} at {source.path}")
     path = vlm_config.layout.catalog(source.name)
     with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
@@ -67,7 +68,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         validator = MediaValidator(app.frame_cache.num_frames, check_log, spool, source.max_image_pixels)
         summary = write_catalog(
             source, path, app.sample.text_key, validator, step_processes(),
-            progress=lambda n: context.log.info(f"{plural(n, 'record')} catalogued"),
+            progress=lambda n: (context.log.info(f"{plural(n, 'record')} catalogued"), progress.update(n)),
             excluded=[app.storage_root, app.path],
         )
     context.log.info(
@@ -115,8 +116,11 @@ def sample_lengths(
         context.log.info(f"processor {profile.describe()}")
         check_model_type(app.model, profile)
 
+    bar = step_progress(context, "samples")
+
     def progress(done: int, total: int) -> None:
         context.log.info(f"{source.name}: token lengths {done}/{total}")
+        bar.update(done, total)
 
     with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
         summary = write_length_table(

@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
-from vlm_assets.defs.resources import FRAME_CACHE_POOL, FRAME_CACHE_SHARD_PARTITIONS, VlmConfig, versioned
+from vlm_assets.defs.resources import FRAME_CACHE_POOL, FRAME_CACHE_SHARD_PARTITIONS, VlmConfig, step_progress, versioned
 from vlm_assets.frames.index import write_index
 from vlm_assets.frames.plan import (
     PlannedVideo,
@@ -135,7 +135,10 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
     if not members:
         raise dg.Failure(f"{shard}: not in the plan at {cache_dir}; materialise video_frame_plan first")
 
+    progress = step_progress(context, "videos")
+
     def report(done: int, video: PlannedVideo, error: str) -> None:
+        progress.update(done, len(members))
         if error:
             context.log.warning(f"{shard}: {video.keys[0]} failed: {error}")
         if done % LOG_EVERY == 0 or done == len(members):

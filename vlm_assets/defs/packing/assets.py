@@ -16,6 +16,7 @@ from vlm_assets.defs.resources import (
     HEAVY_POOL,
     SOURCES_PARTITIONS,
     VlmConfig,
+    step_progress,
     versioned,
 )
 from vlm_assets.defs.tags import CHUNKED_TAG
@@ -142,10 +143,13 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     last_log = time.monotonic()
     progress_lock = threading.Lock()  # several shard writer threads report
 
+    bar = step_progress(context, "samples")
+
     def progress(key: str) -> None:
         nonlocal written, last_log
         with progress_lock:
             written += 1
+            bar.update(written)
             if time.monotonic() - last_log > PROGRESS_EVERY_S:
                 context.log.info(f"{source}: {plural(written, 'sample')} written (at {key})")
                 last_log = time.monotonic()
