@@ -93,6 +93,8 @@ def single_slot_instance(home: Path) -> None:
 def wait_for_started_run(home: Path, asset: str, partition: str | None = None, timeout: float = 300) -> dg.DagsterRun:
     """The first STARTED run that materialises `asset` (that partition), once one exists."""
     deadline = time.monotonic() + timeout
+    while not (home / "dagster.yaml").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the run being waited for has not set its instance up yet
     with dg.DagsterInstance.from_config(str(home)) as instance:
         while time.monotonic() < deadline:
             for run in instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])):

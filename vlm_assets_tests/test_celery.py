@@ -7,6 +7,7 @@ either the test is skipped, except under CI=true where that is a failure.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -25,9 +26,9 @@ import redis
 from vlm_assets.orchestration.home import POSTGRES_HOST_ENV
 from vlm_assets.defs.tags import LAUNCHED_BY_CLI, LAUNCHED_BY_TAG
 from vlm_assets.defs.executor import CELERY_BROKER_ENV
-from vlm_assets.orchestration.celery_runs import answering_workers
+from vlm_assets.orchestration.celery_runs import LOST_AFTER_ENV_VAR, answering_workers
 from vlm_assets_tests.pg_support import pg_server
-from vlm_assets_tests.run_support import differences, run, site_config, snapshot, start_run
+from vlm_assets_tests.run_support import differences, run, site_config, snapshot, start_run, wait_for_started_run
 
 pytestmark = [pytest.mark.services, pytest.mark.processes]
 
@@ -241,3 +242,52 @@ def test_two_celery_workers_run_every_step_and_write_the_bytes_of_an_in_process_
         if reference.poll() is None:
             os.killpg(reference.pid, signal.SIGKILL)
             reference.wait()
+
+
+def test_a_run_whose_worker_is_killed_mid_step_is_sent_to_the_other_worker(tmp_path, monkeypatch, redis_server, postgres_env):
+    broker = f"{redis_server}/0"
+    for name, value in {**postgres_env, CELERY_BROKER_ENV: broker, LOST_AFTER_ENV_VAR: "10"}.items():
+        monkeypatch.setenv(name, value)
+    site = tmp_path / "site"
+    site.mkdir()
+    # Text only, enough of it that counting its token lengths lasts a while.
+    with (site / "chat.jsonl").open("w") as manifest:
+        for index in range(40_000):
+            manifest.write(json.dumps({"messages": [
+                {"role": "user", "content": f"question {index}: " + "how many words " * (index % 40 + 5)},
+                {"role": "assistant", "content": "this many " * (index % 30 + 5)}]}) + "\n")
+    config = site / "vlm_assets.yaml"
+    config.write_text(f"storage: {{root: {site / 'vlm_data'}}}\nsources:\n  - {{name: chat, kind: jsonl, path: ./chat.jsonl}}\n"
+                      "model: {processor: embedded}\nsample: {sample_type: packed_multi_mix_qa, max_token_len: 4096}\n")
+    home = site / "home"
+    workdirs = [tmp_path / "worker-1", tmp_path / "worker-2"]
+    workers = [start_worker(config, workdir) for workdir in workdirs]
+    cli = None
+    try:
+        wait_for_workers(broker, workers, [workdir / "worker.log" for workdir in workdirs])
+        cli = start_run(config, home, "--executor", "celery", "--workers", "1", "--select", "sample_lengths")
+        started = wait_for_started_run(home, "sample_lengths", "chat")
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            run_pid = next(entry.dagster_event.pid for entry in instance.all_logs(started.run_id)
+                           if entry.dagster_event and entry.dagster_event.event_type == dg.DagsterEventType.RUN_START)
+        (victim,) = [worker for worker in workers if run_pid in pool_processes(worker.pid)]
+        time.sleep(2)  # mid-step: its chunk processes are counting
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+
+        output, _ = cli.communicate(timeout=600)
+        assert cli.returncode == 0, output[-4000:]
+        assert f"↻ sample_lengths [chat]: worker vlm-assets-{victim.pid}@{socket.gethostname()} stopped answering" in output
+        assert "1 materialisation(s)" in output.splitlines()[-1] or "2 materialisation(s)" in output.splitlines()[-1], output[-2000:]
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            assert instance.get_run_by_id(started.run_id).status == dg.DagsterRunStatus.FAILURE  # failed as dead
+            finished = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("sample_lengths"), asset_partitions=["chat"]), limit=5).records
+            assert len(finished) == 1 and finished[0].run_id != started.run_id
+            assert finished[0].asset_materialization.metadata["samples"].value == 40_000
+    finally:
+        if cli is not None and cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+            cli.wait()
+        for worker in workers:
+            _stop(worker)

@@ -29,6 +29,8 @@ class RunSummary:
 
 
 def report_outcome(outcome: TaskOutcome, summary: RunSummary, echo: Callable[[str], None]) -> None:
+    for reason in outcome.retried:
+        echo(f"  ↻ {outcome.label}: {reason}")
     if outcome.materialized:
         summary.materialized.append(outcome.label)
         echo(f"  ✓ materialised {outcome.label}")

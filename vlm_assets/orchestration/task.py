@@ -43,6 +43,7 @@ class TaskOutcome:
     checks: list[tuple[str, bool, str]] = field(default_factory=list)  # (name, passed, severity)
     failure: str = ""  # root cause, one line
     log_path: str = ""
+    retried: list[str] = field(default_factory=list)  # why it was sent again (a lost Celery worker)
 
     @property
     def label(self) -> str:
