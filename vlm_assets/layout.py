@@ -71,6 +71,10 @@ class StorageLayout:
         """Mosaics the catalogue rendered for that frame cache, until its shards take them (outside it: not packaged)."""
         return self.root / "spool" / "frame_cache" / str(settings.frame_size) / str(settings.num_frames)
 
+    def length_chunks(self, source: str) -> Path:
+        """Token lengths of the source's catalogue chunks measured so far, for a rebuild to reuse (see tokens.table)."""
+        return self.root / "spool" / "lengths" / source
+
     @property
     def packages(self) -> Path:
         return self.root / "packages"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,7 +27,7 @@ from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, ordered_map, step_proces
 from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
-from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, rows_to_recheck, sample_kind, write_length_table
+from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, ChunkStore, rows_to_recheck, sample_kind, write_length_table
 from vlm_assets_tests.run_support import run
 
 MODEL = ModelConfig(processor_kwargs={"min_pixels": 3136, "max_pixels": 1003520})
@@ -86,6 +87,39 @@ def test_catalogue_on_two_processes_equals_one_process(big_source, catalog, tmp_
     assert again.decoded == 0 and again.remembered >= 12  # each worker looks its images up once
     assert len(checks.read_text().splitlines()) == 12
     assert (tmp_path / "again.parquet").read_bytes() == catalog.read_bytes()
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_length_table_cut_short_resumes_from_its_finished_chunks_and_gives_the_same_bytes(catalog, tmp_path):
+    clean = tmp_path / "clean.parquet"
+    rows = write_length_table(catalog, clean, MODEL, FRAME_CACHE, 1, chunk_rows=CHUNK_ROWS).samples
+    store = ChunkStore(tmp_path / "chunks", settings="processor A")
+
+    def cut_after_two_chunks(done: int, total: int) -> None:
+        if done >= 2 * CHUNK_ROWS:
+            raise Interrupted  # as a kill would, after two chunks were written
+    resumed = tmp_path / "resumed.parquet"
+    with pytest.raises(Interrupted):
+        write_length_table(catalog, resumed, MODEL, FRAME_CACHE, 1, cut_after_two_chunks, chunk_rows=CHUNK_ROWS, store=store)
+    assert not resumed.exists()
+
+    summary = write_length_table(catalog, resumed, MODEL, FRAME_CACHE, 2, chunk_rows=CHUNK_ROWS, store=store)
+    assert summary.reused_rows == 2 * CHUNK_ROWS  # only the chunks not finished before were measured
+    assert resumed.read_bytes() == clean.read_bytes()
+    assert list(summary.ok_token_lens) == list(pd.read_parquet(clean).query("status == @STATUS_OK").token_len)
+
+    again = write_length_table(catalog, tmp_path / "again.parquet", MODEL, FRAME_CACHE, 1, chunk_rows=CHUNK_ROWS, store=store)
+    assert again.reused_rows == rows and (tmp_path / "again.parquet").read_bytes() == clean.read_bytes()
+
+    # Other settings (another processor): nothing is reused, and the store keeps only what the last build used.
+    other = ChunkStore(tmp_path / "chunks", settings="processor B")
+    assert write_length_table(catalog, tmp_path / "other.parquet", MODEL, FRAME_CACHE, 1, chunk_rows=CHUNK_ROWS,
+                              store=other).reused_rows == 0
+    chunks = -(-rows // CHUNK_ROWS)
+    assert len(list((tmp_path / "chunks").glob("*.parquet"))) == chunks
 
 
 def test_chunked_lengths_on_two_processes_equal_one_process_and_the_whole_source_at_once(catalog, tmp_path):
@@ -167,6 +201,24 @@ def test_one_big_source_uses_every_worker_and_gives_the_one_worker_table(tmp_pat
         with dg.DagsterInstance.from_config(str(site / "home")) as instance:
             event = instance.get_latest_materialization_event(dg.AssetKey("sample_lengths"))
             assert event.asset_materialization.metadata["processes"].value == workers
+    assert tables[1] == tables[2]
+
+    # Records appended: the rebuild measures only the chunks that changed (the last one grew, one is new),
+    # and its table equals one measured from scratch (site 1, its chunk store emptied first).
+    with manifest.open("a") as appended:
+        appended.write("".join(json.dumps({"id": f"more{number}", "messages": [
+            {"role": "user", "content": "and at sunset?"}, {"role": "assistant", "content": "longer path, more red. " * number}]}) + "\n"
+            for number in range(1, 301)))
+    shutil.rmtree(tmp_path / "workers1" / "vlm_data" / "spool" / "lengths")
+    for workers in (1, 2):
+        site = tmp_path / f"workers{workers}"
+        result = run(site / "vlm_assets.yaml", site / "home", "--workers", str(workers), "--select", "sample_lengths")
+        assert result.returncode == 0, result.stdout[-3000:]
+        tables[workers] = (site / "vlm_data" / "lengths" / "chat.parquet").read_bytes()
+        with dg.DagsterInstance.from_config(str(site / "home")) as instance:
+            metadata = instance.get_latest_materialization_event(dg.AssetKey("sample_lengths")).asset_materialization.metadata
+            assert metadata["samples"].value == rows + 300
+            assert metadata["rows_reused"].value == (0 if workers == 1 else LENGTH_CHUNK_ROWS)
     assert tables[1] == tables[2]
 
 

@@ -14,10 +14,12 @@ counted by the exact path in the chunk processes themselves, so that work is spl
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import threading
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
@@ -61,6 +63,43 @@ class LengthTableSummary:
     processes: int
     ok_token_lens: np.ndarray  # token_len of every ok row, in table order
     profile: ProcessorProfile
+    reused_rows: int = 0  # rows whose lengths came from the chunk store, not measured again
+
+
+@dataclass(frozen=True)
+class ChunkStore:
+    """The length rows of every catalogue chunk measured, kept until a build no longer needs them.
+
+    A chunk's entry is named by the digest of its catalogue rows and of `settings` (what else its
+    lengths follow from: the processor, the model type, the frame-cache settings, the source's
+    control-token rule). A build interrupted after some chunks (a kill, a lost machine) measures
+    only the others when run again, and a catalogue with records appended measures only its new
+    chunks (and the last old one, which grew): the table is the same, byte for byte.
+    """
+
+    directory: Path
+    settings: str
+
+    def key(self, rows: list[dict]) -> str:
+        payload = json.dumps([self.settings, rows], sort_keys=True, default=str).encode()
+        return hashlib.sha256(payload).hexdigest()[:32]
+
+    def load(self, key: str) -> pa.Table | None:
+        path = self.directory / f"{key}.parquet"
+        try:
+            return pq.read_table(path, schema=LENGTH_SCHEMA).replace_schema_metadata(None)
+        except (FileNotFoundError, pa.ArrowInvalid, OSError):
+            return None  # never stored, or unreadable: measured again
+
+    def save(self, key: str, table: pa.Table) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with atomic_path(self.directory / f"{key}.parquet") as tmp:
+            pq.write_table(table, tmp)
+
+    def keep_only(self, keys: set[str]) -> None:
+        for path in self.directory.glob("*.parquet") if self.directory.is_dir() else []:
+            if path.stem not in keys:
+                path.unlink(missing_ok=True)
 
 
 class _ChunkMeasurer:
@@ -160,43 +199,74 @@ def write_length_table(
     chunk_rows: int = LENGTH_CHUNK_ROWS,
     reject_control_tokens: bool = True,
     on_processor_loaded: OnProcessorLoaded | None = None,
+    store: ChunkStore | None = None,
 ) -> LengthTableSummary:
-    """Write the length table of the catalogue at `catalog` to `target` (atomically)."""
+    """Write the length table of the catalogue at `catalog` to `target` (atomically).
+
+    With a `store`, chunks measured by an earlier build are taken from it, and each chunk measured
+    now is added to it as soon as it is written; once the table is complete, only its chunks stay.
+    """
     total = parquet_rows(catalog)
-    chunks = (batch.to_pylist() for batch in parquet_batches(catalog, CATALOG_COLUMNS_READ, chunk_rows))
+    # One entry per chunk, in catalogue order, appended as the pool takes chunks: (key, stored rows or None).
+    order: deque[tuple[str, pa.Table | None]] = deque()
+    used_keys: set[str] = set()
+
+    def chunks_to_measure() -> Iterator[list[dict]]:
+        for batch in parquet_batches(catalog, CATALOG_COLUMNS_READ, chunk_rows):
+            rows = batch.to_pylist()
+            key = store.key(rows) if store is not None else ""
+            used_keys.add(key)
+            stored = store.load(key) if store is not None else None
+            order.append((key, stored))
+            if stored is None:
+                yield rows
+
     # A pool costs a start-up (a processor load where no text spec is stored); one chunk is not worth it.
     processes = processes if total > chunk_rows else 1
-    done, ok_lengths = 0, []
+    done, reused, ok_lengths = 0, 0, []
     load = _CounterLoad(model, frame_cache, reject_control_tokens, on_processor_loaded)
-    # Chunks measured while the processor loads wait here (seconds' worth), so the pool stays fed.
-    measured_chunks: list[list[LengthResult | MeasuredSample]] = []
+    # Chunks in table order waiting for the processor (measured ones: seconds' worth), so the pool stays fed.
+    waiting: list[tuple[str, pa.Table | list[LengthResult | MeasuredSample]]] = []
     with atomic_path(target) as tmp, pq.ParquetWriter(tmp, LENGTH_SCHEMA) as writer:
 
-        def write(chunk: list[LengthResult | MeasuredSample]) -> None:
-            nonlocal done
-            counter = load.counter()
-            rows = [astuple(counter.complete(item) if isinstance(item, MeasuredSample) else item) for item in chunk]
-            columns = list(zip(*rows))
-            writer.write_table(pa.table(dict(zip(LENGTH_COLUMNS, columns)), schema=LENGTH_SCHEMA))
-            status, token_len = np.asarray(columns[1]), np.asarray(columns[3], dtype=np.int64)
-            ok_lengths.append(token_len[status == STATUS_OK])
-            done += len(rows)
+        def write(key: str, chunk: pa.Table | list[LengthResult | MeasuredSample]) -> None:
+            nonlocal done, reused
+            if isinstance(chunk, pa.Table):
+                table = chunk
+                reused += table.num_rows
+            else:
+                counter = load.counter()
+                rows = [astuple(counter.complete(item) if isinstance(item, MeasuredSample) else item) for item in chunk]
+                table = pa.table(dict(zip(LENGTH_COLUMNS, zip(*rows))), schema=LENGTH_SCHEMA)
+                if store is not None:
+                    store.save(key, table)
+            writer.write_table(table)
+            status, token_len = table.column("status").to_numpy(), table.column("token_len").to_numpy()
+            ok_lengths.append(token_len[status == STATUS_OK].astype(np.int64))
+            done += table.num_rows
             if progress:
                 progress(done, total)
 
+        def flush() -> None:
+            for key, chunk in waiting:
+                write(key, chunk)
+            waiting.clear()
+
         # The load is Python (imports) and needs this process's interpreter: measuring here would halve its pace.
-        for chunk in ordered_map(_measure_rows, chunks, processes, _start_measuring,
-                                 (model, frame_cache, reject_control_tokens),
-                                 may_work_here=load.ready):
-            measured_chunks.append(chunk)
+        for measured in ordered_map(_measure_rows, chunks_to_measure(), processes, _start_measuring,
+                                    (model, frame_cache, reject_control_tokens),
+                                    may_work_here=load.ready):
+            while order[0][1] is not None:  # stored chunks before this one
+                waiting.append(order.popleft())  # type: ignore[arg-type]
+            waiting.append((order.popleft()[0], measured))
             if load.ready():
-                for waiting in measured_chunks:
-                    write(waiting)
-                measured_chunks.clear()
-        for waiting in measured_chunks:
-            write(waiting)
+                flush()
+        waiting.extend(order)  # type: ignore[arg-type]  # stored chunks after the last measured one
+        flush()
+    if store is not None:
+        store.keep_only(used_keys)
     lengths = np.concatenate(ok_lengths) if ok_lengths else np.zeros(0, dtype=np.int64)
-    return LengthTableSummary(total, processes, lengths, processor_profile(load.counter()))
+    return LengthTableSummary(total, processes, lengths, processor_profile(load.counter()), reused)
 
 
 def sample_kind(media_kinds: list[str]) -> str:

@@ -2,6 +2,7 @@
 
 
 from collections import Counter
+from importlib.metadata import version
 
 import dagster as dg
 import numpy as np
@@ -20,7 +21,7 @@ from vlm_assets.parallel import step_processes
 from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import SampleForLength
 from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, processor_profile
-from vlm_assets.tokens.table import rows_to_recheck, write_length_table
+from vlm_assets.tokens.table import ChunkStore, rows_to_recheck, write_length_table
 from vlm_assets.wording import md_cell, plural
 
 # Rows of each kind (text only, one image, several, video, mixed) the check recomputes.
@@ -109,8 +110,13 @@ def sample_lengths(
 ) -> dg.MaterializeResult:
     app = vlm_config.app
     source = vlm_config.source(context.partition_key)
-    fingerprint = vlm_config.fingerprint(context, "sample_lengths")
+    fingerprints = vlm_config.fingerprints(context.instance)
+    fingerprint = fingerprints.of("sample_lengths", source.name)
     path = vlm_config.layout.lengths(source.name)
+    # Chunks measured by an earlier build under the same settings are reused (a killed run, appended records);
+    # the library version too, since tokenisation may change with it while the processor's files do not.
+    store = ChunkStore(vlm_config.layout.length_chunks(source.name), settings="|".join(
+        [fingerprints.versions["sample_lengths"], str(source.rejects_control_tokens), version("transformers")]))
 
     def loaded(profile: ProcessorProfile) -> None:
         context.log.info(f"processor {profile.describe()}")
@@ -125,8 +131,10 @@ def sample_lengths(
     with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
         summary = write_length_table(
             vlm_config.layout.catalog(source.name), path, app.model, app.frame_cache, step_processes(), progress,
-            reject_control_tokens=source.rejects_control_tokens, on_processor_loaded=loaded,
+            reject_control_tokens=source.rejects_control_tokens, on_processor_loaded=loaded, store=store,
         )
+    if summary.reused_rows:
+        context.log.info(f"{source.name}: {plural(summary.reused_rows, 'row')} reused from chunks measured before")
     profile = summary.profile
     lengths = summary.ok_token_lens
     return dg.MaterializeResult(**versioned({
@@ -141,6 +149,7 @@ def sample_lengths(
         # so neither does their table (packing_bins shows the split at max_token_len).
         "length_histogram": dg.MetadataValue.md(length_histogram_md(lengths, int(lengths.max()) if len(lengths) else 1)),
         "processes": summary.processes,
+        "rows_reused": summary.reused_rows,
         "processor": app.model.processor,
         "processor_family": profile.modalities.processor_class,
         "length_path": profile.describe(),
