@@ -20,6 +20,9 @@ SOURCE_KINDS = ("flat_dir", "jsonl", "wds")
 SAMPLE_TYPES = ("packed_captioning", "packed_vqa", "packed_multi_mix_qa")
 # `packing.algorithm` may name the packing algorithm; best-fit decreasing is the only one, any other value is refused.
 PACKING_ALGORITHMS = ("best_fit_decreasing",)
+# full: every build packs every sample afresh (best fill); append: bins and shards once written stay,
+# new samples go into new bins and new shards.
+PACKING_MODES = ("full", "append")
 COMPRESSIONS = ("gzip", "zstd")  # implemented by vlm_assets.package.compression
 PACKAGE_PARTS = ("packed_wds", "frame_cache")
 SPECIAL_TOKENS_IN_TEXT = ("reject", "keep")
@@ -87,6 +90,7 @@ class SampleConfig:
 @dataclass(frozen=True)
 class PackingConfig:
     min_fill_ratio: float = 0.9
+    mode: str = PACKING_MODES[0]
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ _SECTION_KEYS = {
     "storage": {"root"},
     "model": {"model_type", "processor", "processor_kwargs"},
     "sample": {"sample_type", "max_token_len", "text_key"},
-    "packing": {"algorithm", "min_fill_ratio"},
+    "packing": {"algorithm", "min_fill_ratio", "mode"},
     "wds": {"maxcount", "maxsize"},
     "frame_cache": {"num_frames", "frame_size", "rows", "cols", "jpeg_quality", "videos_per_shard"},
     "package": {"name", "compress", "include", "hyperparameters", "train_command"},
@@ -283,6 +287,7 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
     reader.choice(packing_data, "algorithm", "packing", PACKING_ALGORITHMS[0], PACKING_ALGORITHMS)
     packing = PackingConfig(
         min_fill_ratio=reader.number(packing_data, "min_fill_ratio", "packing", PackingConfig.min_fill_ratio),
+        mode=reader.choice(packing_data, "mode", "packing", PackingConfig.mode, PACKING_MODES),
     )
     wds_data = sections["wds"]
     wds = WdsConfig(

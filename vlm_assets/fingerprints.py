@@ -51,9 +51,9 @@ def _settings(app: AppConfig, processor_fingerprint: str) -> dict[str, Any]:
     return {
         "sample_catalog": [sample.text_key, fc.num_frames],
         "sample_lengths": [processor_fingerprint, app.model.model_type, fc.num_frames, fc.frame_size],
-        "packing_bins": [sample.sample_type, sample.max_token_len, app.packing.min_fill_ratio],
+        "packing_bins": [sample.sample_type, sample.max_token_len, app.packing.min_fill_ratio, app.packing.mode],
         "packed_json": [sample.sample_type],
-        "packed_wds_shards": [app.wds.maxcount, app.wds.maxsize],
+        "packed_wds_shards": [app.wds.maxcount, app.wds.maxsize, app.packing.mode],
         "energon_dataset": [sample.sample_type],
         "training_mix": [sample.sample_type],
         "video_frame_plan": [fc.num_frames, fc.videos_per_shard],

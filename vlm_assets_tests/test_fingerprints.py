@@ -50,6 +50,7 @@ CHANGES: dict[str, dict[str, Any]] = {
     "sample.text_key": {"sample.text_key": "conversations"},
     "packing.algorithm": {"packing.algorithm": "best_fit_decreasing"},
     "packing.min_fill_ratio": {"packing.min_fill_ratio": 0.5},
+    "packing.mode": {"packing.mode": "append"},
     "wds.maxcount": {"wds.maxcount": 5},
     "wds.maxsize": {"wds.maxsize": 4096},
     "frame_cache.num_frames": {"frame_cache.num_frames": 32, "frame_cache.rows": 2},

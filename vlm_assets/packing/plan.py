@@ -56,8 +56,15 @@ def plan_packing(
     *,
     catalog_name: str = "catalog",
     lengths_name: str = "lengths",
+    kept_bins: pd.DataFrame | None = None,
 ) -> PackingPlan:
-    """Bins for the packable samples, rejects (with reasons) for every other one."""
+    """Bins for the packable samples, rejects (with reasons) for every other one.
+
+    `kept_bins` (packing.mode append: the bins written before) stay as they are, first; only the
+    packable samples not in them are packed, into new bins numbered after them. A kept sample that
+    is no longer packable with the same length, or a kept bin over `max_token_len`, is a
+    PackingInputError: bins already written cannot change.
+    """
     if sample_type not in ALLOWED_MEDIA_TYPES:
         raise ValueError(f"unknown sample_type {sample_type!r} (known: {', '.join(ALLOWED_MEDIA_TYPES)})")
     for frame, name in ((catalog, catalog_name), (lengths, lengths_name)):
@@ -96,10 +103,34 @@ def plan_packing(
             packable_ids.append(sample_id)
             packable_lengths.append(int(token_len))
 
-    return PackingPlan(
-        bins=bins_frame(packable_ids, np.asarray(packable_lengths, dtype=np.int64), max_token_len),
-        rejects=pd.DataFrame(rejects, columns=list(REJECT_COLUMNS)),
-    )
+    rejects_frame = pd.DataFrame(rejects, columns=list(REJECT_COLUMNS))
+    if kept_bins is None or not len(kept_bins):
+        return PackingPlan(bins_frame(packable_ids, np.asarray(packable_lengths, dtype=np.int64), max_token_len), rejects_frame)
+    packable = dict(zip(packable_ids, packable_lengths))
+    _check_kept(kept_bins, packable, rejects_frame, max_token_len)
+    kept = {sample_id for ids in kept_bins["sample_ids"] for sample_id in ids}
+    new_ids = [sample_id for sample_id in packable_ids if sample_id not in kept]
+    new_bins = bins_frame(new_ids, np.asarray([packable[i] for i in new_ids], dtype=np.int64), max_token_len)
+    new_bins["bin_id"] += len(kept_bins)
+    bins = pd.concat([kept_bins[list(BIN_COLUMNS)], new_bins], ignore_index=True)
+    return PackingPlan(bins, rejects_frame)
+
+
+def _check_kept(kept_bins: pd.DataFrame, packable: dict[str, int], rejects: pd.DataFrame, max_token_len: int) -> None:
+    why_rejected = dict(zip(rejects["sample_id"], rejects["reason"]))
+    problems = []
+    for ids, lengths, total in zip(kept_bins["sample_ids"], kept_bins["lengths"], kept_bins["total_len"]):
+        if total > max_token_len:
+            problems.append(f"a bin of {int(total)} tokens is over max_token_len {max_token_len}")
+        for sample_id, length in zip(ids, lengths):
+            if sample_id not in packable:
+                problems.append(f"{sample_id}: {why_rejected.get(sample_id, 'no longer in the catalogue')}")
+            elif packable[sample_id] != length:
+                problems.append(f"{sample_id}: its length is now {packable[sample_id]}, was {length}")
+    if problems:
+        raise PackingInputError(
+            f"packing.mode append keeps the bins written before, but {len(problems)} of them no longer hold "
+            f"(first: {problems[0]}); set packing.mode: full to pack every sample afresh")
 
 
 def bins_frame(sample_ids: list[str], lengths: np.ndarray, max_token_len: int) -> pd.DataFrame:

@@ -21,7 +21,7 @@ import os
 import re
 import tarfile
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,18 +98,40 @@ def write_shards_from_jsonl(
     maxsize: int,
     on_sample: Callable[[str], None] | None = None,
     processes: int = 1,
+    append: bool = False,
 ) -> list[ShardInfo]:
     """`write_shards` of `packed_json`'s records, each record's members prepared by one of `processes` processes.
 
     `samples` (with a `media_refs` column) stays open meanwhile: the chunk processes read its index file.
+    `append` (packing.mode append): the shards already in `directory` are kept as they are, byte for
+    byte, and hold the file's first records; only the records after them are written, into new
+    shards numbered after them. Returns the shards written.
     """
+    kept = kept_shards(directory) if append else []
+    skip = sum(shard_sample_count(path) for path in kept)
     try:
-        prepared = ordered_map(_prepare_lines, _line_chunks(jsonl_path), processes, lookup.attach,
+        prepared = ordered_map(_prepare_lines, _line_chunks(jsonl_path, skip), processes, lookup.attach,
                                (str(samples.path), samples.columns))
         members = (sample for chunk in prepared for sample in chunk)
-        return _write_samples(members, directory, maxcount, maxsize, on_sample, threads=processes)
+        return _write_samples(members, directory, maxcount, maxsize, on_sample, threads=processes, kept=kept)
     finally:
         lookup.detach()
+
+
+def kept_shards(directory: Path) -> list[Path]:
+    """The shards in `directory`, which must be numbered 0, 1, … without a gap to be appended to."""
+    shards = list_shards(directory)
+    expected = [directory / shard_name(index) for index in range(len(shards))]
+    if shards != expected:
+        raise ValueError(f"{directory}: its shards are not numbered from 0 without a gap; appending after them "
+                         "could not keep the records in order (set packing.mode: full to rewrite them)")
+    return shards
+
+
+def shard_sample_count(path: Path) -> int:
+    """How many samples (distinct keys) a shard holds, from its tar headers."""
+    with tarfile.open(path, "r:") as shard:
+        return len({member.name.split(".", 1)[0] for member in shard})
 
 
 def _write_samples(
@@ -119,10 +141,11 @@ def _write_samples(
     maxsize: int,
     on_sample: Callable[[str], None] | None,
     threads: int,
+    kept: Sequence[Path] = (),
 ) -> list[ShardInfo]:
     directory.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(directory)
-    planned = _planned_shards(prepared, directory, maxcount, maxsize)
+    planned = _planned_shards(prepared, directory, maxcount, maxsize, first_index=len(kept))
     if threads <= 1:
         shards = [_write_planned(directory, shard, samples, on_sample) for shard, samples in planned]
     else:
@@ -138,7 +161,7 @@ def _write_samples(
                     shards.append(in_flight.popleft().result())
             finally:
                 pool.shutdown(cancel_futures=True)
-    written = {shard.path.name for shard in shards}
+    written = {shard.path.name for shard in shards} | {path.name for path in kept}
     for path in list_shards(directory):
         if path.name not in written:
             path.unlink()
@@ -148,11 +171,13 @@ def _write_samples(
     return shards
 
 
-def _line_chunks(jsonl_path: Path) -> Iterator[tuple[Path, int, list[bytes]]]:
-    """(the file, number of the first line, lines) of about JSONL_CHUNK_BYTES each."""
+def _line_chunks(jsonl_path: Path, skip: int = 0) -> Iterator[tuple[Path, int, list[bytes]]]:
+    """(the file, number of the first line, lines) of about JSONL_CHUNK_BYTES each, after the first `skip` lines."""
     with open(jsonl_path, "rb") as handle:
-        first, lines, size = 1, [], 0
+        first, lines, size = skip + 1, [], 0
         for number, line in enumerate(handle, start=1):
+            if number <= skip:
+                continue
             lines.append(line)
             size += len(line)
             if size >= JSONL_CHUNK_BYTES:
@@ -189,12 +214,12 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 def _planned_shards(
-    prepared: Iterable[list[_Member]], directory: Path, maxcount: int, maxsize: int
+    prepared: Iterable[list[_Member]], directory: Path, maxcount: int, maxsize: int, first_index: int = 0
 ) -> Iterator[tuple[ShardInfo, list[list[_Member]]]]:
     """Each shard with its samples' members, as soon as the next sample would not fit in it."""
     shard: ShardInfo | None = None
     samples: list[list[_Member]] = []
-    count = 0
+    count = first_index
     for members in prepared:
         size = sum(member.stored_size for member in members)
         if shard is None or len(samples) >= maxcount or shard.size + size > maxsize:

@@ -65,6 +65,8 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         catalog = pd.read_parquet(catalog_path, columns=["sample_id", "status", "reason", "media_type"])
         lengths = pd.read_parquet(lengths_path, columns=["sample_id", "status", "reason", "token_len"])
         started = time.perf_counter()
+        # packing.mode append: the bins written before stay; only samples not in them are packed.
+        kept_bins = read_bins(bins_path) if app.packing.mode == "append" and bins_path.exists() else None
         plan = plan_packing(
             catalog,
             lengths,
@@ -72,10 +74,13 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
             app.sample.max_token_len,
             catalog_name=str(catalog_path),
             lengths_name=str(lengths_path),
+            kept_bins=kept_bins,
         )
+        kept = len(kept_bins) if kept_bins is not None else 0
         context.log.info(
-            f"{source}: {plural(plan.packed_count, 'sample')} into {plural(len(plan.bins), 'bin')}, {len(plan.rejects)} rejected "
-            f"({time.perf_counter() - started:.2f}s)"
+            f"{source}: {plural(plan.packed_count, 'sample')} into {plural(len(plan.bins), 'bin')}"
+            + (f" ({kept} kept, {len(plan.bins) - kept} new)" if kept_bins is not None else "")
+            + f", {len(plan.rejects)} rejected ({time.perf_counter() - started:.2f}s)"
         )
         write_parquet(plan.bins, bins_path)
         write_parquet(plan.rejects, rejects_path)
@@ -86,6 +91,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         "bins_path": dg.MetadataValue.path(str(bins_path)),
         "rejects_path": dg.MetadataValue.path(str(rejects_path)),
         "bins": len(bins),
+        "bins_kept": kept,
         "packed_samples": int(packed_lengths.size),
         "rejected_samples": len(rejects),
         "fill_ratio": fill_ratio(bins, app.sample.max_token_len),
@@ -158,7 +164,7 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
         with SampleLookup(layout.catalog(source), ["media_refs"], near=jsonl_path) as samples:
             shards = write_shards_from_jsonl(jsonl_path, samples, directory, app.wds.maxcount, app.wds.maxsize,
-                                             progress, processes)
+                                             progress, processes, append=app.packing.mode == "append")
         context.log.info(f"{source}: {plural(written, 'sample')} in {plural(len(shards), 'shard')} -> {directory}"
                          + (f" ({processes} processes)" if processes > 1 else ""))
         members_result = checks.shard_members_result(list_shards(directory), jsonl_path, processes)
@@ -168,6 +174,7 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     yield dg.MaterializeResult(**versioned({
         "directory": dg.MetadataValue.path(str(directory)),
         "shards": len(shards),
+        "shards_kept": len(list_shards(directory)) - len(shards),
         "samples": written,
         "processes": processes,
         "bytes": sum(shard.size for shard in shards),

@@ -1,0 +1,85 @@
+"""`packing.mode: append`: records appended to a source go into new bins and new shards; what trainers
+already read is never rewritten, and Energon loads old and new together."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import dagster as dg
+import pandas as pd
+import pytest
+import yaml
+
+from vlm_assets.packing.energon_loader import load_all_ids
+from vlm_assets.packing.plan import PackingInputError, plan_packing
+from vlm_assets.packing.wds import list_shards
+from vlm_assets_tests.run_support import run
+
+
+def _chat_lines(first: int, count: int) -> str:
+    return "".join(json.dumps({"id": f"c{number}", "messages": [
+        {"role": "user", "content": f"question {number} " + "why " * (number % 25 + 1)},
+        {"role": "assistant", "content": "because " * (number % 40 + 3)}]}) + "\n" for number in range(first, first + count))
+
+
+def _frames(ids: list[str], lengths: list[int]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    catalog = pd.DataFrame({"sample_id": ids, "status": "ok", "reason": "", "media_type": "text"})
+    return catalog, pd.DataFrame({"sample_id": ids, "status": "ok", "reason": "", "token_len": lengths})
+
+
+def test_kept_bins_stay_first_and_only_new_samples_are_packed_after_them():
+    first = plan_packing(*_frames(["a", "b", "c"], [60, 50, 30]), "packed_multi_mix_qa", 100)
+    grown = plan_packing(*_frames(["a", "b", "c", "d", "e"], [60, 50, 30, 40, 70]), "packed_multi_mix_qa", 100,
+                         kept_bins=first.bins)
+    assert grown.bins.iloc[:len(first.bins)].to_dict("list") == first.bins.to_dict("list")
+    new = grown.bins.iloc[len(first.bins):]
+    assert sorted(sample for ids in new["sample_ids"] for sample in ids) == ["d", "e"]
+    assert list(grown.bins["bin_id"]) == list(range(len(grown.bins)))
+
+    with pytest.raises(PackingInputError, match="no longer in the catalogue.*packing.mode: full"):
+        plan_packing(*_frames(["a", "c"], [60, 30]), "packed_multi_mix_qa", 100, kept_bins=first.bins)
+    with pytest.raises(PackingInputError, match="its length is now 55, was 50"):
+        plan_packing(*_frames(["a", "b", "c"], [60, 55, 30]), "packed_multi_mix_qa", 100, kept_bins=first.bins)
+    with pytest.raises(PackingInputError, match="over max_token_len 70"):
+        plan_packing(*_frames(["a", "b", "c"], [60, 50, 30]), "packed_multi_mix_qa", 70, kept_bins=first.bins)
+
+
+@pytest.mark.processes
+def test_appended_records_go_into_new_shards_and_the_old_shards_keep_their_bytes(tmp_path):
+    manifest = tmp_path / "chat.jsonl"
+    manifest.write_text(_chat_lines(0, 120))
+    config = tmp_path / "vlm_assets.yaml"
+    config.write_text(yaml.safe_dump({
+        "storage": {"root": str(tmp_path / "vlm_data")},
+        "sources": [{"name": "chat", "kind": "jsonl", "path": str(manifest)}],
+        "sample": {"max_token_len": 512},
+        "packing": {"mode": "append", "min_fill_ratio": 0.0},
+        "wds": {"maxcount": 8},
+    }))
+    home, shards_dir = tmp_path / "home", tmp_path / "vlm_data" / "packed_wds" / "chat"
+    first = run(config, home, "--select", "energon_dataset")
+    assert first.returncode == 0, first.stdout[-3000:]
+    before = {path.name: (path.read_bytes(), os.stat(path).st_mtime_ns) for path in list_shards(shards_dir)}
+    first_bins = pd.read_parquet(tmp_path / "vlm_data" / "packing" / "chat.bins.parquet")
+    assert len(before) >= 2
+
+    with manifest.open("a") as appended:
+        appended.write(_chat_lines(120, 60))
+    second = run(config, home, "--select", "energon_dataset")
+    assert second.returncode == 0, second.stdout[-3000:]
+
+    after = list_shards(shards_dir)
+    assert [path.name for path in after[:len(before)]] == sorted(before)
+    assert len(after) > len(before)
+    for path in after[:len(before)]:
+        assert (path.read_bytes(), os.stat(path).st_mtime_ns) == before[path.name], f"{path.name} was rewritten"
+    bins = pd.read_parquet(tmp_path / "vlm_data" / "packing" / "chat.bins.parquet")
+    assert [list(ids) for ids in bins["sample_ids"][:len(first_bins)]] == [list(ids) for ids in first_bins["sample_ids"]]
+    packed = [json.loads(line)["id"] for line in (tmp_path / "vlm_data" / "packed_json" / "chat.jsonl").read_text().splitlines()]
+    assert len(packed) == len(bins) and sorted(load_all_ids(shards_dir)) == sorted(packed)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        metadata = instance.get_latest_materialization_event(dg.AssetKey("packed_wds_shards")).asset_materialization.metadata
+    assert metadata["shards_kept"].value == len(before) and metadata["shards"].value == len(after) - len(before)
+    samples = sum(len(ids) for ids in bins["sample_ids"])
+    assert samples == 180  # every record of the source is packed once
