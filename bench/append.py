@@ -1,0 +1,114 @@
+"""What a rebuild costs after records are appended to a source, with what vlm-assets keeps between builds.
+
+    .venv/bin/python bench/append.py [--samples 100000] [--append-share 0.005] [--workers 2]
+
+One generated image source (bench/scale.py's: small JPEG/PNG images, one- or two-turn
+conversations, one image per sample) as a jsonl manifest, built to its Energon dataset by
+`vlm-assets run --workers N --select energon_dataset` on three sites, then --append-share more
+records appended to the manifest and each site built again:
+
+  before   packing.mode full, its measured length chunks deleted before the rebuild: what the
+           rebuild cost before length chunks were kept (every sample measured again, every shard
+           rewritten)
+  full     packing.mode full: only the length chunks that changed are measured; every shard rewritten
+  append   packing.mode append: also only new bins and new shards; the old shards keep their bytes
+
+Prints, per site, the first build's and the rebuild's wall time, the rebuild's seconds inside each
+asset's runs (from the instance's run records), and how many of the first build's shards the
+rebuild rewrote (a changed modification time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from scale import Measured, attribute_time, clean_env, write_source  # noqa: E402
+
+OUT = ROOT / "bench" / "out" / "append"
+PYTHON = sys.executable
+SITES = ("before", "full", "append")
+STEPS = ("sample_catalog", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards", "energon_dataset")
+CONFIG = """\
+storage: {{root: {root}}}
+sources:
+  - {{name: images, kind: jsonl, path: {manifest}, media_root: {media}}}
+model: {{processor: embedded, processor_kwargs: {{min_pixels: 3136, max_pixels: 200704}}}}
+sample: {{sample_type: packed_multi_mix_qa, max_token_len: 8192}}
+packing: {{mode: {mode}, min_fill_ratio: 0.0}}
+wds: {{maxcount: 2000}}
+"""
+
+
+def build(site: Path, workers: int) -> Measured:
+    started_at = time.time()
+    began = time.perf_counter()
+    log = site / f"run-{int(started_at)}.log"
+    with open(log, "w", encoding="utf-8") as handle:
+        result = subprocess.run([PYTHON, "-m", "vlm_assets.cli", "run", "--config", str(site / "vlm_assets.yaml"),
+                                 "--workers", str(workers), "--select", "energon_dataset"],
+                                cwd=ROOT, env=clean_env(site / "dagster_home"), stdout=handle, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        raise SystemExit(f"vlm-assets run exited {result.returncode}; log {log}")
+    measured = Measured(time.perf_counter() - began, 0.0, 0.0, 0.0)
+    attribute_time(site / "dagster_home", measured, started_at)
+    return measured
+
+
+def shard_times(site: Path) -> dict[str, int]:
+    return {path.name: path.stat().st_mtime_ns for path in sorted((site / "vlm_data" / "packed_wds" / "images").glob("*.tar"))}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=100_000, help="records in the first manifest")
+    parser.add_argument("--append-share", type=float, default=0.005, help="records appended, as a share of --samples")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    extra = max(1, int(args.samples * args.append_share))
+
+    inputs = OUT / "inputs"
+    grown = write_source(inputs, args.samples + extra, "images")  # its first --samples lines are the small one's
+    lines = grown.read_text(encoding="utf-8").splitlines(keepends=True)
+    print(f"source: {args.samples} records, then {extra} appended ({args.append_share:.1%}); {args.workers} workers")
+
+    first: dict[str, Measured] = {}
+    for name in SITES:
+        site = OUT / "sites" / name
+        shutil.rmtree(site, ignore_errors=True)
+        site.mkdir(parents=True)
+        manifest = site / "images.jsonl"
+        manifest.write_text("".join(lines[:args.samples]), encoding="utf-8")
+        (site / "vlm_assets.yaml").write_text(CONFIG.format(
+            root=site / "vlm_data", manifest=manifest, media=inputs / "media",
+            mode="append" if name == "append" else "full"), encoding="utf-8")
+        first[name] = build(site, args.workers)
+
+    print(f"\n{'site':<8} {'first build':>12} {'rebuild':>9}  " + "  ".join(f"{step:>16}" for step in STEPS)
+          + "  shards rewritten")
+    for name in SITES:
+        site = OUT / "sites" / name
+        if name == "before":
+            shutil.rmtree(site / "vlm_data" / "spool" / "lengths")
+        shards_before = shard_times(site)
+        with open(site / "images.jsonl", "a", encoding="utf-8") as manifest:
+            manifest.write("".join(lines[args.samples:]))
+        rebuild = build(site, args.workers)
+        after = shard_times(site)
+        rewritten = sum(1 for shard, mtime in shards_before.items() if after.get(shard) != mtime)
+        steps = "  ".join(f"{rebuild.in_runs.get(step, 0.0):>15.1f}s" for step in STEPS)
+        print(f"{name:<8} {first[name].wall:>11.1f}s {rebuild.wall:>8.1f}s  {steps}  "
+              f"{rewritten} of {len(shards_before)} (now {len(after)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
