@@ -36,6 +36,7 @@ class Freshness:
         self.vlm_config, self.instance, self.force = vlm_config, instance, force
         self.fingerprints = vlm_config.fingerprints(instance)
         self.partitions_defs = partitions_defs or {}
+        self._failed: dict[str, set[str]] = {}  # per partitioned asset: its partitions whose latest run failed
 
     def observe_sources(self, sources: list[SourceConfig]) -> list[str]:
         """Record an observation of each source whose files changed since last observed; their names."""
@@ -62,8 +63,12 @@ class Freshness:
         key = dg.AssetKey(asset)
         partitions_def = self.partitions_defs.get(asset)
         if partition is not None and partitions_def is not None:
-            status = self.instance.get_status_by_partition(key, [partition], partitions_def) or {}
-            return status.get(partition) == dg.AssetPartitionStatus.FAILED
+            if asset not in self._failed:
+                # Once per asset, as they were when this judge was made: a run asks about every partition.
+                names = partitions_def.get_partition_keys(dynamic_partitions_store=self.instance)
+                status = self.instance.get_status_by_partition(key, names, partitions_def) or {}
+                self._failed[asset] = {name for name, value in status.items() if value == dg.AssetPartitionStatus.FAILED}
+            return partition in self._failed[asset]
         records = self.instance.get_asset_records([key])
         entry = records[0].asset_entry if records else None
         latest_run_id = entry and (entry.last_planned_materialization_run_id or entry.last_run_id)

@@ -173,11 +173,7 @@ def run_graph(
     submission.check_ready(echo)
     summary = RunSummary()
     summary.dead_runs_failed = prepare_instance(instance, app, echo)
-    vlm_config: VlmConfig = defs.resources["vlm_config"]  # type: ignore[assignment]
-    freshness = Freshness(vlm_config, instance, force, shape.partitions_defs)
-    sources = built_sources(vlm_config, instance)
-    if "sample_catalog" in selected:
-        freshness.observe_sources(sources)
+    freshness, sources = _judge(defs, instance, shape, selection, force)
     scheduler = _Scheduler(sources, instance, selection, shape, echo)
     unknown = scheduler.unknown_partitions()
     if unknown:
@@ -244,11 +240,7 @@ def plan_graph(defs: dg.Definitions, app: AppConfig, instance: dg.DagsterInstanc
     shape = graph_shape(defs)
     selection = selection_of(shape, select)
     prepare_instance(instance, app, echo)
-    vlm_config: VlmConfig = defs.resources["vlm_config"]  # type: ignore[assignment]
-    freshness = Freshness(vlm_config, instance, False, shape.partitions_defs)
-    sources = built_sources(vlm_config, instance)
-    if "sample_catalog" in selection.assets:
-        freshness.observe_sources(sources)
+    freshness, sources = _judge(defs, instance, shape, selection, force=False)
     states = {}
     for asset in selection.assets:
         name = shape.partitioning[asset]
@@ -259,6 +251,17 @@ def plan_graph(defs: dg.Definitions, app: AppConfig, instance: dg.DagsterInstanc
                 states[label(asset, key)] = state = freshness.state(asset, key)
                 echo(f"{state.value:>10}  {label(asset, key)}")
     return states
+
+
+def _judge(defs: dg.Definitions, instance: dg.DagsterInstance, shape: GraphShape, selection: Selection,
+           force: bool) -> tuple[Freshness, list[SourceConfig]]:
+    """The judge of what needs building, and the sources built, once the sources' files are observed."""
+    vlm_config: VlmConfig = defs.resources["vlm_config"]  # type: ignore[assignment]
+    freshness = Freshness(vlm_config, instance, force, shape.partitions_defs)
+    sources = built_sources(vlm_config, instance)
+    if "sample_catalog" in selection.assets:
+        freshness.observe_sources(sources)
+    return freshness, sources
 
 
 def _process_shares(launch: list[tuple[str, str | None]], chunked: set[str], free: int) -> list[int | None]:
