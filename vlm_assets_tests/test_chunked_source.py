@@ -114,6 +114,11 @@ def test_a_length_table_cut_short_resumes_from_its_finished_chunks_and_gives_the
     again = write_length_table(catalog, tmp_path / "again.parquet", MODEL, FRAME_CACHE, 1, chunk_rows=CHUNK_ROWS, store=store)
     assert again.reused_rows == rows and (tmp_path / "again.parquet").read_bytes() == clean.read_bytes()
 
+    fresh = ChunkStore(tmp_path / "chunks", settings="processor A", reuse=False)  # `vlm-assets run --force`
+    assert write_length_table(catalog, tmp_path / "fresh.parquet", MODEL, FRAME_CACHE, 1, chunk_rows=CHUNK_ROWS,
+                              store=fresh).reused_rows == 0
+    assert (tmp_path / "fresh.parquet").read_bytes() == clean.read_bytes()
+
     # Other settings (another processor): nothing is reused, and the store keeps only what the last build used.
     other = ChunkStore(tmp_path / "chunks", settings="processor B")
     assert write_length_table(catalog, tmp_path / "other.parquet", MODEL, FRAME_CACHE, 1, chunk_rows=CHUNK_ROWS,
@@ -220,6 +225,15 @@ def test_one_big_source_uses_every_worker_and_gives_the_one_worker_table(tmp_pat
             assert metadata["samples"].value == rows + 300
             assert metadata["rows_reused"].value == (0 if workers == 1 else LENGTH_CHUNK_ROWS)
     assert tables[1] == tables[2]
+
+    # --force measures every chunk again.
+    forced = run(tmp_path / "workers2" / "vlm_assets.yaml", tmp_path / "workers2" / "home", "--workers", "2",
+                 "--select", "sample_lengths", "--force")
+    assert forced.returncode == 0, forced.stdout[-3000:]
+    with dg.DagsterInstance.from_config(str(tmp_path / "workers2" / "home")) as instance:
+        metadata = instance.get_latest_materialization_event(dg.AssetKey("sample_lengths")).asset_materialization.metadata
+        assert metadata["rows_reused"].value == 0
+    assert (tmp_path / "workers2" / "vlm_data" / "lengths" / "chat.parquet").read_bytes() == tables[2]
 
 
 def test_sample_lookup_on_disk_answers_like_the_catalogue_in_memory(catalog, tmp_path):

@@ -80,7 +80,7 @@ class WorkerLost(Exception):
 
 
 def execute_on_workers(config_path: str, asset: str, partition: str | None, log_dir: str,
-                       processes: int | None = None) -> TaskOutcome:
+                       processes: int | None = None, force: bool = False) -> TaskOutcome:
     """One run of `asset` (that partition) with its checks, executed whole by one worker; this process waits.
 
     `processes` is not passed on: a worker gives each run its own share of its machine's cores.
@@ -99,7 +99,8 @@ def execute_on_workers(config_path: str, asset: str, partition: str | None, log_
     with Celery("vlm-assets", broker=broker, backend=broker, set_as_current=False) as app:
         config_sha256 = sha256_file(Path(config_path))
         while True:
-            result = app.send_task(RUN_TASK, args=(config_path, config_sha256, asset, partition, log_dir), queue=WORKER_QUEUE)
+            result = app.send_task(RUN_TASK, args=(config_path, config_sha256, asset, partition, log_dir, force),
+                                   queue=WORKER_QUEUE)
             try:
                 fields = wait_for_result(result, broker)
                 break
@@ -152,7 +153,7 @@ CELERY = Submission(execute_on_workers, require_celery_workers)
 
 
 def execute_run(config_path: str, config_sha256: str, asset: str, partition: str | None,
-                log_dir: str) -> dict[str, object]:
+                log_dir: str, force: bool = False) -> dict[str, object]:
     """A worker's side of `execute_on_workers`: the run, in this pool process, summarised as JSON fields.
 
     `config_sha256` makes sure the worker reads the file the run was started with, not an edited
@@ -161,7 +162,7 @@ def execute_run(config_path: str, config_sha256: str, asset: str, partition: str
     if sha256_file(Path(config_path)) != config_sha256:
         raise ConfigError(f"{config_path}: not the file the run was started with (edited since, or a different "
                           "file at this path on this machine); restart the run")
-    return dataclasses.asdict(execute_task(config_path, asset, partition, log_dir))
+    return dataclasses.asdict(execute_task(config_path, asset, partition, log_dir, force=force))
 
 
 def register_run_task(app: Celery) -> None:

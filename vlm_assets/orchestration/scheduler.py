@@ -198,7 +198,7 @@ def run_graph(
                 shares = _process_shares(launch, shape.chunked, workers - len(in_flight))
                 for node, processes in zip(launch, shares):
                     echo(f"▶ {label(*node)}" + (f" on {processes} processes" if processes and processes > 1 else ""))
-                    in_flight[pool.submit(submission.execute, str(app.path), *node, str(log_dir), processes)] = node
+                    in_flight[pool.submit(submission.execute, str(app.path), *node, str(log_dir), processes, force)] = node
             if not in_flight:
                 if stop.requested or not scheduler.next_ready():
                     break

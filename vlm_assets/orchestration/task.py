@@ -17,7 +17,7 @@ import dagster as dg
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.defs.failures import root_cause
 from vlm_assets.defs.resources import VlmConfig
-from vlm_assets.defs.tags import ALIVE_TAG, ASSET_TAG, LAUNCHED_BY_CLI, LAUNCHED_BY_TAG
+from vlm_assets.defs.tags import ALIVE_TAG, ASSET_TAG, FORCE_TAG, LAUNCHED_BY_CLI, LAUNCHED_BY_TAG
 from vlm_assets.locks import process_token
 from vlm_assets.orchestration.instance import open_instance
 from vlm_assets.orchestration.worker_output import output_log
@@ -58,8 +58,8 @@ class TaskOutcome:
         return [name for name, passed, severity in self.checks if not passed and severity == "WARN"]
 
 
-# Executes one task: (config path, asset, partition, log folder, processes) -> its outcome.
-Execute = Callable[[str, str, str | None, str, int | None], TaskOutcome]
+# Executes one task: (config path, asset, partition, log folder, processes, force) -> its outcome.
+Execute = Callable[[str, str, str | None, str, int | None, bool], TaskOutcome]
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def worker_state(config_path: str) -> tuple[dg.Definitions, dg.DagsterInstance, 
 
 
 def execute_task(config_path: str, asset: str, partition: str | None, log_dir: str,
-                 processes: int | None = None) -> TaskOutcome:
+                 processes: int | None = None, force: bool = False) -> TaskOutcome:
     """Materialise one asset partition (and its checks) as one run in this process; summarise what happened.
 
     `processes`: how many processes a chunked step of this run may use (None: as the environment says;
@@ -107,7 +107,8 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
         resources=defs.resources or {},
         run_config=RUN_LOGGING,
         raise_on_error=False,
-        tags={LAUNCHED_BY_TAG: LAUNCHED_BY_CLI, ASSET_TAG: asset, ALIVE_TAG: str(token)},
+        tags={LAUNCHED_BY_TAG: LAUNCHED_BY_CLI, ASSET_TAG: asset, ALIVE_TAG: str(token),
+              **({FORCE_TAG: "true"} if force else {})},
     )
     outcome = TaskOutcome(asset, partition, run_id=result.run_id, success=result.success)
     for event in result.all_events:

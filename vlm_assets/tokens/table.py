@@ -79,12 +79,15 @@ class ChunkStore:
 
     directory: Path
     settings: str
+    reuse: bool = True  # False: every chunk is measured again (and stored afresh)
 
     def key(self, rows: list[dict]) -> str:
         payload = json.dumps([self.settings, rows], sort_keys=True, default=str).encode()
         return hashlib.sha256(payload).hexdigest()[:32]
 
     def load(self, key: str) -> pa.Table | None:
+        if not self.reuse:
+            return None
         path = self.directory / f"{key}.parquet"
         try:
             return pq.read_table(path, schema=LENGTH_SCHEMA).replace_schema_metadata(None)

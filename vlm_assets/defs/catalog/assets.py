@@ -14,7 +14,7 @@ from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
 from vlm_assets.defs.catalog.source_files import SOURCE_FILES, observed_digest, source_files_observation
 from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, step_progress, versioned
-from vlm_assets.defs.tags import CHUNKED_TAG
+from vlm_assets.defs.tags import CHUNKED_TAG, FORCE_TAG
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.parallel import step_processes
@@ -116,7 +116,8 @@ def sample_lengths(
     # Chunks measured by an earlier build under the same settings are reused (a killed run, appended records);
     # the library version too, since tokenisation may change with it while the processor's files do not.
     store = ChunkStore(vlm_config.layout.length_chunks(source.name), settings="|".join(
-        [fingerprints.versions["sample_lengths"], str(source.rejects_control_tokens), version("transformers")]))
+        [fingerprints.versions["sample_lengths"], str(source.rejects_control_tokens), version("transformers")]),
+        reuse=context.run.tags.get(FORCE_TAG) != "true")
 
     def loaded(profile: ProcessorProfile) -> None:
         context.log.info(f"processor {profile.describe()}")
