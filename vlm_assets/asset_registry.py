@@ -5,7 +5,8 @@ Bump an asset's revision when a code change alters what it writes: its fingerpri
 """
 
 REVISIONS = {
-    "sample_catalog": 3,
+    "sample_catalog": 4,
+    "sample_length_chunk": 1,
     "sample_lengths": 2,
     "packing_bins": 1,
     "packed_json": 1,

@@ -45,6 +45,8 @@ MAX_JSON_DEPTH_BOUND = 500
 # sample naming it four times: 0.8 GB) besides the processor's fixed 1 GB. A 45-megapixel photo
 # needs a source to raise it.
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
+# A source's `chunk_rows` is a whole number of the token-length store's entries (vlm_assets.tokens.chunk_plan).
+CHUNK_ROWS_MULTIPLE = 2048
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class SourceConfig:
     # A sample whose text holds the processor's control tokens is rejected ("reject"), or counted
     # as the processor counts it ("keep"); see vlm_assets.tokens.text.control_tokens_of.
     special_tokens_in_text: str = "reject"
+    chunk_rows: int | None = None  # catalogue rows per length chunk (tokens.chunk_plan); None: from the source's size
 
     @property
     def rejects_control_tokens(self) -> bool:
@@ -153,7 +156,8 @@ _SECTION_KEYS = {
 }
 _TOP_KEYS = set(_SECTION_KEYS) | {"inbox", "inbox_require_ready_marker", "sources"}
 _SOURCE_KEYS = {"name", "kind", "path", "media_root", "sample_type", "weight", "subflavors",
-                "allowed_roots", "max_record_bytes", "max_json_depth", "max_image_pixels", "special_tokens_in_text"}
+                "allowed_roots", "max_record_bytes", "max_json_depth", "max_image_pixels", "special_tokens_in_text",
+                "chunk_rows"}
 # Subflavors the training mix sets itself on every source's blend entry.
 RESERVED_SUBFLAVORS = ("sample_type", "source")
 _ADD_SOURCES = (
@@ -392,6 +396,7 @@ def _parse_sources(reader: _Reader, raw: Any, inbox_given: bool) -> tuple[Source
             max_image_pixels=reader.integer(data, "max_image_pixels", key, DEFAULT_MAX_IMAGE_PIXELS),
             special_tokens_in_text=reader.choice(data, "special_tokens_in_text", key, SourceConfig.special_tokens_in_text,
                                                  SPECIAL_TOKENS_IN_TEXT),
+            chunk_rows=_chunk_rows(reader, data, key),
         ))
     if sources and not any(source.weight for source in sources):
         raise reader.fail("sources[*].weight", "every source has weight 0; at least one needs a positive weight")
@@ -429,6 +434,15 @@ def _allowed_roots(reader: _Reader, data: dict[str, Any], key: str) -> tuple[Pat
             raise reader.fail(item_key, f"{root} is not an existing directory")
         roots.append(root)
     return tuple(roots)
+
+
+def _chunk_rows(reader: _Reader, data: dict[str, Any], key: str) -> int | None:
+    if "chunk_rows" not in data:
+        return None
+    rows = reader.integer(data, "chunk_rows", key, 0)
+    if rows <= 0 or rows % CHUNK_ROWS_MULTIPLE:
+        raise reader.fail(f"{key}.chunk_rows", f"must be a positive multiple of {CHUNK_ROWS_MULTIPLE}, got {data['chunk_rows']!r}")
+    return rows
 
 
 def _max_json_depth(reader: _Reader, data: dict[str, Any], key: str) -> int:

@@ -35,6 +35,7 @@ from vlm_assets.frames.plan import (
 )
 from vlm_assets.frames.shard import plan_digest
 from vlm_assets.layout import StorageLayout
+from vlm_assets.tokens.chunk_plan import ChunkPlan, split_chunk_partition
 
 # The fingerprint an output recorded when it was last built: (asset, partition) -> fingerprint,
 # "" for one never built.
@@ -50,6 +51,7 @@ def _settings(app: AppConfig, processor_fingerprint: str) -> dict[str, Any]:
     fc, sample = app.frame_cache, app.sample
     return {
         "sample_catalog": [sample.text_key, fc.num_frames],
+        "sample_length_chunk": [processor_fingerprint, app.model.model_type, fc.num_frames, fc.frame_size],
         "sample_lengths": [processor_fingerprint, app.model.model_type, fc.num_frames, fc.frame_size],
         "packing_bins": [sample.sample_type, sample.max_token_len, app.packing.min_fill_ratio, app.packing.mode],
         "packed_json": [sample.sample_type],
@@ -130,6 +132,7 @@ class Fingerprints:
         self.sources = {source.name: source for source in sources}
         self.recorded = recorded
         self._source_files: dict[str, str] = {}
+        self._chunk_plans: dict[str, ChunkPlan | None] = {}
         self._plan: tuple[tuple, dict[str, list]] | None = None
 
     def _of(self, asset: str, partition: str | None, *inputs: Any) -> str:
@@ -148,7 +151,16 @@ class Fingerprints:
         return self._source_files[source]
 
     def _sample_catalog(self, source: str) -> str:
-        return self._of("sample_catalog", source, self.source_files(source))
+        return self._of("sample_catalog", source, self.source_files(source), self.sources[source].chunk_rows)
+
+    def _sample_length_chunk(self, key: str) -> str:
+        source, index = split_chunk_partition(key)
+        if source not in self._chunk_plans:
+            self._chunk_plans[source] = ChunkPlan.load(StorageLayout(self.app.storage_root).chunk_plan(source))
+        plan = self._chunk_plans[source]
+        rows = plan.digests[index] if plan is not None and index < len(plan) else None
+        # The chunk's rows, not the whole catalogue's record: records appended elsewhere leave it as it is.
+        return self._of("sample_length_chunk", key, rows, self.sources[source].special_tokens_in_text)
 
     def _sample_lengths(self, source: str) -> str:
         return self._of("sample_lengths", source, self.recorded("sample_catalog", source),

@@ -28,6 +28,10 @@ class StorageLayout:
     def catalog(self, source: str) -> Path:
         return self.root / "catalog" / f"{source}.parquet"
 
+    def chunk_plan(self, source: str) -> Path:
+        """How the catalogue is cut into chunks whose lengths are measured apart (tokens.chunk_plan)."""
+        return self.root / "catalog" / f"{source}.chunks.json"
+
     def media_checks(self, source: str) -> Path:
         return self.root / "catalog" / f"{source}.media_checks.jsonl"
 
@@ -101,7 +105,7 @@ class StorageLayout:
         cache_dir = self.frame_cache_dir(app.frame_cache)
         source = partition or ""
         outputs = {
-            "sample_catalog": [self.catalog(source)],
+            "sample_catalog": [self.catalog(source), self.chunk_plan(source)],
             "sample_lengths": [self.lengths(source)],
             "packing_bins": [self.bins(source), self.rejects(source)],
             "packed_json": [self.packed_json(source)],

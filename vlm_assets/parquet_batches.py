@@ -36,3 +36,43 @@ def rows_with_ids(path: Path | str, sample_ids: Sequence[str], columns: Sequence
                                  batch_rows):
         found.extend(batch.filter(pc.is_in(batch.column(0), value_set=wanted)).to_pylist())
     return found
+
+
+def aligned_batches(path: Path | str, columns: Sequence[str], batch_rows: int, start: int = 0,
+                    stop: int | None = None) -> Iterator[pa.RecordBatch]:
+    """Rows [start, stop) of the table at `path` in batches that each cover rows [i × batch_rows,
+    (i + 1) × batch_rows) of the table (the last one may be shorter), whatever its row groups.
+
+    Two readers of different ranges thus cut the same rows into the same batches. Only the row
+    groups holding the range are read.
+    """
+    file = pq.ParquetFile(path, pre_buffer=False)
+    stop = file.metadata.num_rows if stop is None else min(stop, file.metadata.num_rows)
+    groups, first_row, row = [], None, 0
+    for index in range(file.metadata.num_row_groups):
+        rows = file.metadata.row_group(index).num_rows
+        if row + rows > start and row < stop:
+            groups.append(index)
+            first_row = row if first_row is None else first_row
+        row += rows
+    if not groups:
+        return
+    position = first_row  # table row of pending's first row
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    next_cut = start + batch_rows - start % batch_rows  # the first batch boundary after start
+    for batch in file.iter_batches(batch_size=batch_rows, row_groups=groups, columns=list(columns)):
+        pending.append(batch)
+        pending_rows += batch.num_rows
+        while position + pending_rows >= min(next_cut, stop) and pending_rows:
+            table = pa.Table.from_batches(pending)
+            cut = min(next_cut, stop) - position
+            low = max(start - position, 0)
+            if cut > low:
+                yield table.slice(low, cut - low).combine_chunks().to_batches()[0]
+            rest = table.slice(cut)
+            pending = rest.to_batches() if rest.num_rows else []
+            position, pending_rows = position + cut, rest.num_rows
+            if position >= stop:
+                return
+            next_cut += batch_rows

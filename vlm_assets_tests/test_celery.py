@@ -207,7 +207,7 @@ def test_two_celery_workers_run_every_step_and_write_the_bytes_of_an_in_process_
         result = run(config, home, "--executor", "celery", "--workers", "2")
         assert result.returncode == 0, result.stdout[-4000:]
         assert f"steps go to 2 Celery worker(s): {', '.join(names)}" in result.stdout
-        assert "24 materialisation(s), 0 up to date, 0 failed run(s), 0 failed check(s)" in result.stdout
+        assert "27 materialisation(s), 0 up to date, 0 failed run(s), 0 failed check(s)" in result.stdout
 
         # A run of the code location (as the daemon launches them) goes to the workers as well.
         launched = subprocess.run(
@@ -225,7 +225,7 @@ def test_two_celery_workers_run_every_step_and_write_the_bytes_of_an_in_process_
         pools = {f"vlm-assets-{worker.pid}@{socket.gethostname()}": pool_processes(worker.pid) for worker in workers}
         with dg.DagsterInstance.from_config(str(home)) as instance:
             executions = step_executions(instance)
-            assert len(instance.get_run_records()) == 25  # the graph's 24 and the one launched like the daemon does
+            assert len(instance.get_run_records()) == 28  # the graph's 27 and the one launched like the daemon does
         assert len(executions) >= 25
         used = set()
         for run_id, step, by_cli, run_pid, step_pids in executions:
@@ -244,20 +244,23 @@ def test_two_celery_workers_run_every_step_and_write_the_bytes_of_an_in_process_
             reference.wait()
 
 
-def test_a_run_whose_worker_is_killed_mid_step_is_sent_to_the_other_worker(tmp_path, monkeypatch, redis_server, postgres_env):
+def test_two_workers_measure_chunks_of_one_source_and_a_killed_ones_chunk_goes_to_the_other(
+    tmp_path, monkeypatch, redis_server, postgres_env
+):
     broker = f"{redis_server}/0"
     for name, value in {**postgres_env, CELERY_BROKER_ENV: broker, LOST_AFTER_ENV_VAR: "10"}.items():
         monkeypatch.setenv(name, value)
     site = tmp_path / "site"
     site.mkdir()
-    # Text only, enough of it that counting its token lengths lasts a while.
+    # Text only, enough of it that counting a chunk's token lengths lasts a while: 5 chunks of 8,192 rows.
     with (site / "chat.jsonl").open("w") as manifest:
         for index in range(40_000):
             manifest.write(json.dumps({"messages": [
                 {"role": "user", "content": f"question {index}: " + "how many words " * (index % 40 + 5)},
                 {"role": "assistant", "content": "this many " * (index % 30 + 5)}]}) + "\n")
     config = site / "vlm_assets.yaml"
-    config.write_text(f"storage: {{root: {site / 'vlm_data'}}}\nsources:\n  - {{name: chat, kind: jsonl, path: ./chat.jsonl}}\n"
+    config.write_text(f"storage: {{root: {site / 'vlm_data'}}}\n"
+                      "sources:\n  - {name: chat, kind: jsonl, path: ./chat.jsonl, chunk_rows: 8192}\n"
                       "model: {processor: embedded}\nsample: {sample_type: packed_multi_mix_qa, max_token_len: 4096}\n")
     home = site / "home"
     workdirs = [tmp_path / "worker-1", tmp_path / "worker-2"]
@@ -265,26 +268,34 @@ def test_a_run_whose_worker_is_killed_mid_step_is_sent_to_the_other_worker(tmp_p
     cli = None
     try:
         wait_for_workers(broker, workers, [workdir / "worker.log" for workdir in workdirs])
-        cli = start_run(config, home, "--executor", "celery", "--workers", "1", "--select", "sample_lengths")
-        started = wait_for_started_run(home, "sample_lengths", "chat")
+        cli = start_run(config, home, "--executor", "celery", "--workers", "2", "--select", "sample_lengths")
+        # The first two chunks start side by side, one on each worker.
+        started = [wait_for_started_run(home, "sample_length_chunk", f"0000{index}|chat") for index in (0, 1)]
         with dg.DagsterInstance.from_config(str(home)) as instance:
-            run_pid = next(entry.dagster_event.pid for entry in instance.all_logs(started.run_id)
-                           if entry.dagster_event and entry.dagster_event.event_type == dg.DagsterEventType.RUN_START)
-        (victim,) = [worker for worker in workers if run_pid in pool_processes(worker.pid)]
-        time.sleep(2)  # mid-step: its chunk processes are counting
+            run_pids = [next(entry.dagster_event.pid for entry in instance.all_logs(run.run_id)
+                             if entry.dagster_event and entry.dagster_event.event_type == dg.DagsterEventType.RUN_START)
+                        for run in started]
+        executing = [next(worker for worker in workers if pid in pool_processes(worker.pid)) for pid in run_pids]
+        assert executing[0] is not executing[1], "both chunks went to one worker"
+        victim = executing[0]
+        time.sleep(2)  # mid-chunk: its run is counting
         os.killpg(victim.pid, signal.SIGKILL)
         victim.wait()
 
         output, _ = cli.communicate(timeout=600)
         assert cli.returncode == 0, output[-4000:]
-        assert f"↻ sample_lengths [chat]: worker vlm-assets-{victim.pid}@{socket.gethostname()} stopped answering" in output
-        assert "1 materialisation(s)" in output.splitlines()[-1] or "2 materialisation(s)" in output.splitlines()[-1], output[-2000:]
+        assert (f"↻ sample_length_chunk [00000|chat]: worker vlm-assets-{victim.pid}@{socket.gethostname()} stopped answering"
+                in output), output[-4000:]
         with dg.DagsterInstance.from_config(str(home)) as instance:
-            assert instance.get_run_by_id(started.run_id).status == dg.DagsterRunStatus.FAILURE  # failed as dead
+            assert instance.get_run_by_id(started[0].run_id).status == dg.DagsterRunStatus.FAILURE  # failed as dead
+            chunks = instance.fetch_materializations(dg.AssetKey("sample_length_chunk"), limit=20).records
+            assert sorted(record.partition_key for record in chunks) == [f"0000{index}|chat" for index in range(5)]
+            assert started[0].run_id not in {record.run_id for record in chunks}
             finished = instance.fetch_materializations(
                 dg.AssetRecordsFilter(asset_key=dg.AssetKey("sample_lengths"), asset_partitions=["chat"]), limit=5).records
-            assert len(finished) == 1 and finished[0].run_id != started.run_id
+            assert len(finished) == 1
             assert finished[0].asset_materialization.metadata["samples"].value == 40_000
+            assert finished[0].asset_materialization.metadata["rows_reused"].value == 40_000
     finally:
         if cli is not None and cli.poll() is None:
             os.killpg(cli.pid, signal.SIGKILL)

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,7 +29,7 @@ from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
 from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, ChunkStore, rows_to_recheck, sample_kind, write_length_table
-from vlm_assets_tests.run_support import run
+from vlm_assets_tests.run_support import run, start_run
 
 MODEL = ModelConfig(processor_kwargs={"min_pixels": 3136, "max_pixels": 1003520})
 FRAME_CACHE = FrameCacheConfig()
@@ -177,19 +178,30 @@ def test_step_processes_setting(monkeypatch):
             step_processes()
 
 
-@pytest.mark.processes
-def test_one_big_source_uses_every_worker_and_gives_the_one_worker_table(tmp_path):
-    """`vlm-assets run --workers 2` on a single source: its chunked step runs on both workers."""
-    rows = LENGTH_CHUNK_ROWS + 200
-    manifest = tmp_path / "inputs" / "chat.jsonl"
-    manifest.parent.mkdir()
-    rng = random.Random(3)
-    manifest.write_text("".join(
-        json.dumps({"id": f"c{number}", "messages": [
+def _chat_lines(prefix: str, count: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return "".join(
+        json.dumps({"id": f"{prefix}{number}", "messages": [
             {"role": "user", "content": " ".join(rng.choice(["why", "sky", "blue", "light", "scatter"]) for _ in range(rng.randint(1, 80)))},
             {"role": "assistant", "content": "Rayleigh scattering. " * rng.randint(1, 20)},
-        ]}) + "\n" for number in range(rows)
-    ))
+        ]}) + "\n" for number in range(count))
+
+
+def _chunk_runs(home: Path) -> list[str]:
+    """The partitions of the sample_length_chunk runs on that instance that materialised, oldest first."""
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        records = instance.fetch_materializations(dg.AssetKey("sample_length_chunk"), limit=1000, ascending=True).records
+        return [record.partition_key for record in records]
+
+
+@pytest.mark.processes
+def test_a_source_cut_into_chunks_measures_them_apart_and_gives_the_one_worker_table(tmp_path):
+    """`chunk_rows: 2048` cuts a 4,296-row source into 3 chunk partitions; 1 and 2 workers give one table;
+    appended records rerun only the grown last chunk and the new one; --force measures them all again."""
+    rows = 2 * LENGTH_CHUNK_ROWS + 200
+    manifest = tmp_path / "inputs" / "chat.jsonl"
+    manifest.parent.mkdir()
+    manifest.write_text(_chat_lines("c", rows, seed=3))
     tables = {}
     for workers in (1, 2):
         site = tmp_path / f"workers{workers}"
@@ -197,43 +209,75 @@ def test_one_big_source_uses_every_worker_and_gives_the_one_worker_table(tmp_pat
         config = site / "vlm_assets.yaml"
         config.write_text(yaml.safe_dump({
             "storage": {"root": str(site / "vlm_data")},
-            "sources": [{"name": "chat", "kind": "jsonl", "path": str(manifest)}],
+            "sources": [{"name": "chat", "kind": "jsonl", "path": str(manifest), "chunk_rows": LENGTH_CHUNK_ROWS}],
         }))
         result = run(config, site / "home", "--workers", str(workers), "--select", "sample_lengths")
         assert result.returncode == 0, result.stdout[-3000:]
-        assert ("▶ sample_lengths [chat] on 2 processes" in result.stdout) == (workers == 2), result.stdout
         tables[workers] = (site / "vlm_data" / "lengths" / "chat.parquet").read_bytes()
-        with dg.DagsterInstance.from_config(str(site / "home")) as instance:
-            event = instance.get_latest_materialization_event(dg.AssetKey("sample_lengths"))
-            assert event.asset_materialization.metadata["processes"].value == workers
-    assert tables[1] == tables[2]
-
-    # Records appended: the rebuild measures only the chunks that changed (the last one grew, one is new),
-    # and its table equals one measured from scratch (site 1, its chunk store emptied first).
-    with manifest.open("a") as appended:
-        appended.write("".join(json.dumps({"id": f"more{number}", "messages": [
-            {"role": "user", "content": "and at sunset?"}, {"role": "assistant", "content": "longer path, more red. " * number}]}) + "\n"
-            for number in range(1, 301)))
-    shutil.rmtree(tmp_path / "workers1" / "vlm_data" / "spool" / "lengths")
-    for workers in (1, 2):
-        site = tmp_path / f"workers{workers}"
-        result = run(site / "vlm_assets.yaml", site / "home", "--workers", str(workers), "--select", "sample_lengths")
-        assert result.returncode == 0, result.stdout[-3000:]
-        tables[workers] = (site / "vlm_data" / "lengths" / "chat.parquet").read_bytes()
+        assert sorted(_chunk_runs(site / "home")) == ["00000|chat", "00001|chat", "00002|chat"]
         with dg.DagsterInstance.from_config(str(site / "home")) as instance:
             metadata = instance.get_latest_materialization_event(dg.AssetKey("sample_lengths")).asset_materialization.metadata
-            assert metadata["samples"].value == rows + 300
-            assert metadata["rows_reused"].value == (0 if workers == 1 else LENGTH_CHUNK_ROWS)
+            assert metadata["rows_reused"].value == rows  # the assembly measured nothing itself
     assert tables[1] == tables[2]
+    # One process measuring the whole table in one step (no chunk runs, nothing stored) gives the same bytes.
+    whole = write_length_table(tmp_path / "workers1" / "vlm_data" / "catalog" / "chat.parquet", tmp_path / "whole.parquet",
+                               ModelConfig(), FRAME_CACHE)
+    assert whole.reused_rows == 0 and (tmp_path / "whole.parquet").read_bytes() == tables[1]
 
-    # --force measures every chunk again.
-    forced = run(tmp_path / "workers2" / "vlm_assets.yaml", tmp_path / "workers2" / "home", "--workers", "2",
-                 "--select", "sample_lengths", "--force")
+    # Records appended: only the grown last chunk and the new one are measured again, each in its own run.
+    with manifest.open("a") as appended:
+        appended.write(_chat_lines("more", 2100, seed=4))
+    site = tmp_path / "workers2"
+    result = run(site / "vlm_assets.yaml", site / "home", "--workers", "2", "--select", "sample_lengths")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "= sample_length_chunk [00000|chat]: up to date" in result.stdout
+    assert "= sample_length_chunk [00001|chat]: up to date" in result.stdout
+    assert sorted(_chunk_runs(site / "home")[3:]) == ["00002|chat", "00003|chat"]
+    appended_table = (site / "vlm_data" / "lengths" / "chat.parquet").read_bytes()
+    shutil.rmtree(tmp_path / "workers1" / "vlm_data" / "spool" / "lengths")
+    result = run(tmp_path / "workers1" / "vlm_assets.yaml", tmp_path / "workers1" / "home", "--select", "sample_lengths")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (tmp_path / "workers1" / "vlm_data" / "lengths" / "chat.parquet").read_bytes() == appended_table
+
+    # --force measures every chunk again, in the chunks' runs.
+    forced = run(site / "vlm_assets.yaml", site / "home", "--workers", "2", "--select", "sample_lengths", "--force")
     assert forced.returncode == 0, forced.stdout[-3000:]
-    with dg.DagsterInstance.from_config(str(tmp_path / "workers2" / "home")) as instance:
-        metadata = instance.get_latest_materialization_event(dg.AssetKey("sample_lengths")).asset_materialization.metadata
-        assert metadata["rows_reused"].value == 0
-    assert (tmp_path / "workers2" / "vlm_data" / "lengths" / "chat.parquet").read_bytes() == tables[2]
+    with dg.DagsterInstance.from_config(str(site / "home")) as instance:
+        records = instance.fetch_materializations(dg.AssetKey("sample_length_chunk"), limit=4).records
+        assert sorted(record.partition_key for record in records) == [f"0000{index}|chat" for index in range(4)]
+        assert all(record.asset_materialization.metadata["rows_reused"].value == 0 for record in records)
+    assert (site / "vlm_data" / "lengths" / "chat.parquet").read_bytes() == appended_table
+
+
+@pytest.mark.processes
+def test_a_run_killed_mid_chunks_reruns_only_the_chunks_it_had_not_finished(tmp_path):
+    """kill -9 of `vlm-assets run` (its whole process group) once a chunk is done: the rerun measures the
+    others only, and the table equals one measured in one pass."""
+    manifest = tmp_path / "chat.jsonl"
+    manifest.write_text(_chat_lines("c", 5 * LENGTH_CHUNK_ROWS, seed=5))
+    config = tmp_path / "vlm_assets.yaml"
+    config.write_text(yaml.safe_dump({
+        "storage": {"root": str(tmp_path / "vlm_data")},
+        "sources": [{"name": "chat", "kind": "jsonl", "path": str(manifest), "chunk_rows": LENGTH_CHUNK_ROWS}],
+    }))
+    home = tmp_path / "home"
+    process = start_run(config, home, "--workers", "1", "--select", "sample_lengths")
+    deadline = time.monotonic() + 300
+    while not (home.exists() and _chunk_runs(home)):
+        assert process.poll() is None and time.monotonic() < deadline, "no chunk was measured"
+        time.sleep(0.5)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    done_before = set(_chunk_runs(home))
+    assert 0 < len(done_before) < 5
+
+    result = run(config, home, "--workers", "2", "--select", "sample_lengths")
+    assert result.returncode == 0, result.stdout[-3000:]
+    rerun = _chunk_runs(home)[len(done_before):]
+    assert sorted(done_before | set(rerun)) == [f"0000{index}|chat" for index in range(5)]
+    assert not done_before & set(rerun), f"{sorted(done_before & set(rerun))} measured again"
+    write_length_table(tmp_path / "vlm_data" / "catalog" / "chat.parquet", tmp_path / "one_pass.parquet", ModelConfig(), FRAME_CACHE)
+    assert (tmp_path / "vlm_data" / "lengths" / "chat.parquet").read_bytes() == (tmp_path / "one_pass.parquet").read_bytes()
 
 
 def test_sample_lookup_on_disk_answers_like_the_catalogue_in_memory(catalog, tmp_path):

@@ -18,6 +18,7 @@ import yaml
 from vlm_assets.config import ConfigError, load_config
 from vlm_assets.fingerprints import Fingerprints
 from vlm_assets.frames.plan import FRAMES_SOURCE_FILE
+from vlm_assets.tokens.chunk_plan import chunk_partition_key
 from vlm_assets.tokens.processor import processor_fingerprint
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
@@ -39,6 +40,7 @@ CHANGES: dict[str, dict[str, Any]] = {
     "sources[].max_json_depth": {"sources[].max_json_depth": 7},
     "sources[].max_image_pixels": {"sources[].max_image_pixels": 1000},
     "sources[].special_tokens_in_text": {"sources[].special_tokens_in_text": "keep"},
+    "sources[].chunk_rows": {"sources[].chunk_rows": 4096},
     "sources[].sample_type": {"sources[].sample_type": "packed_vqa"},
     "sources[].weight": {"sources[].weight": 3},
     "sources[].subflavors": {"sources[].subflavors": {"language": "de"}},
@@ -147,7 +149,8 @@ def fingerprints(site: Path, changes: dict[str, Any]) -> dict[str, str]:
     first = app.sources[0].name
     return {**{asset: current.of(asset, first) for asset in SOURCE_ASSETS},
             **{asset: current.of(asset) for asset in GLOBAL_ASSETS},
-            "frame_cache_shard": current.of("frame_cache_shard", SHARD)}
+            "frame_cache_shard": current.of("frame_cache_shard", SHARD),
+            "sample_length_chunk": current.of("sample_length_chunk", chunk_partition_key(first, 0))}
 
 
 def test_every_config_key_has_a_row_in_the_docs(tmp_path):

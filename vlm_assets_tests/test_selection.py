@@ -15,9 +15,15 @@ def shape(demo_config_path):
 
 def test_one_partition_brings_the_same_partition_of_its_upstream(shape):
     selection = selection_of(shape, ["sample_lengths[demo_images]"])
-    assert selection.assets == ["sample_catalog", "sample_lengths"]
-    assert selection.partitions == {"sample_catalog": {"demo_images"}, "sample_lengths": {"demo_images"}}
+    assert selection.assets == ["sample_catalog", "sample_length_chunk", "sample_lengths"]
+    assert selection.partitions == {name: {"demo_images"} for name in selection.assets}
     assert selection.keeps("sample_catalog", "demo_images") and not selection.keeps("sample_catalog", "demo_wds")
+    # The source's chunks, whichever there are; and one chunk brings its source's catalogue only.
+    assert selection.keeps("sample_length_chunk", "00007|demo_images")
+    assert not selection.keeps("sample_length_chunk", "00000|demo_wds")
+    one_chunk = selection_of(shape, ["sample_length_chunk[00001|demo_wds]"])
+    assert one_chunk.partitions == {"sample_catalog": {"demo_wds"}, "sample_length_chunk": {"00001|demo_wds"}}
+    assert not one_chunk.keeps("sample_length_chunk", "00000|demo_wds")
 
 
 def test_an_upstream_partitioned_otherwise_is_built_whole(shape):

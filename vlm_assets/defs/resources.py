@@ -113,6 +113,19 @@ class VlmConfig(dg.ConfigurableResource):
 
 
 SOURCES_PARTITIONS = dg.DynamicPartitionsDefinition(name="sources")
+# The chunks of rows a source's catalogue is cut into (vlm_assets.tokens.chunk_plan): chunk indices,
+# "00000" up, registered by each catalogue as it is built, paired with the sources. A partition
+# key reads `<chunk>|<source>`; a source with fewer chunks than the largest has no rows in the
+# indices past its own last chunk.
+CHUNK_INDEX_PARTITIONS = dg.DynamicPartitionsDefinition(name="chunk_index")
+SOURCE_CHUNKS_PARTITIONS = dg.MultiPartitionsDefinition({"source": SOURCES_PARTITIONS, "chunk": CHUNK_INDEX_PARTITIONS})
+SOURCE_CHUNKS = "source_chunks"  # what `vlm-assets run` calls that partitioning
+
+
+def chunk_index_key(index: int) -> str:
+    return f"{index:05d}"
+
+
 # Steps that saturate a core or the disk (token counting, shard and package writing) share this pool
 # (dagster.yaml gives each pool its slots), so parallel runs cannot oversubscribe the machine.
 HEAVY_POOL = "heavy"

@@ -6,8 +6,8 @@ LAUNCHED_BY_TAG = "vlm_assets/launched_by"
 LAUNCHED_BY_CLI = "cli"
 # The asset a `vlm-assets run` run materialises (one per run).
 ASSET_TAG = "vlm_assets/asset"
-# "true" on the runs of `vlm-assets run --force`: sample_lengths measures every chunk again instead
-# of reusing the chunks an earlier build measured.
+# "true" on the runs of `vlm-assets run --force`: sample_length_chunk measures its rows again instead
+# of reusing what an earlier build measured.
 FORCE_TAG = "vlm_assets/force"
 # The liveness file (vlm_assets.locks.process_token) of the process executing the run, so a run
 # whose process died can be told from one that is still working.

@@ -22,15 +22,17 @@ import dagster as dg
 
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.defs.automation.dead_runs import assign_stranded_steps
-from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCE_CHUNKS, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.layout import StorageLayout
 from vlm_assets.orchestration.freshness import Freshness, State
 from vlm_assets.orchestration.instance import built_sources, prepare_instance
 from vlm_assets.orchestration.report import RunSummary, report_outcome
 from vlm_assets.orchestration.progress_view import ProgressView
-from vlm_assets.orchestration.selection import GraphShape, Selection, graph_shape, selection_of
+from vlm_assets.orchestration.selection import GraphShape, Selection, graph_shape, selection_of, source_of
 from vlm_assets.orchestration.task import IN_WORKER_PROCESS, Submission, TaskOutcome, label
 from vlm_assets.orchestration.workers import WorkerPool, start_workers
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
+from vlm_assets.tokens.chunk_plan import ChunkPlan, chunk_partition_key
 
 WAIT_POLL_S = 0.5
 POOL_SWEEP_S = 5.0  # how often a step stranded in a pool's queue (see assign_stranded_steps) is looked for
@@ -69,8 +71,9 @@ class _Scheduler:
     """Which asset partitions are ready to launch, given what has settled so far."""
 
     def __init__(self, sources: list[SourceConfig], instance: dg.DagsterInstance, selection: Selection,
-                 shape: GraphShape, echo: Callable[[str], None]) -> None:
+                 shape: GraphShape, echo: Callable[[str], None], layout: StorageLayout) -> None:
         self.sources, self.instance, self.shape, self.echo = [source.name for source in sources], instance, shape, echo
+        self.layout = layout
         self.selection = selection
         self.selected = selection.assets
         self.partitions: dict[str, list[str | None]] = {}
@@ -86,10 +89,11 @@ class _Scheduler:
         elif name == SOURCES_PARTITIONS.name:
             keys = list(self.sources)
         else:
+            # Known once what cuts them is built: a frame-cache plan, a source's catalogue (its chunks).
             parents = [p for p in self.shape.parents[asset] if p in self.selected]
             if any(not self._final(p) for p in parents):
                 return None
-            keys = list(self.instance.get_dynamic_partitions(name))
+            keys = list(existing_partitions(name, self.instance, self.layout, self.sources))
         self.partitions[asset] = [key for key in keys if self.selection.keeps(asset, key)]
         return self.partitions[asset]
 
@@ -99,7 +103,7 @@ class _Scheduler:
         for asset, wanted in self.selection.partitions.items():
             name = self.shape.partitioning[asset]
             known = (self.sources if name == SOURCES_PARTITIONS.name
-                     else list(self.instance.get_dynamic_partitions(name)))
+                     else existing_partitions(name, self.instance, self.layout, self.sources))
             problems += [f"{label(asset, key)} (known: {', '.join(known) or 'none yet'})" for key in sorted(set(wanted) - set(known))]
         return problems
 
@@ -115,10 +119,15 @@ class _Scheduler:
             keys = self.expand(parent)
             if keys is None:
                 return None
-            if self.shape.partitioning[parent] is None:
+            parent_partitioning, partitioning = self.shape.partitioning[parent], self.shape.partitioning[asset]
+            if parent_partitioning is None:
                 deps.append((parent, None))
-            elif self.shape.partitioning[parent] == self.shape.partitioning[asset]:
+            elif parent_partitioning == partitioning:
                 deps.append((parent, partition))
+            elif partitioning == SOURCE_CHUNKS and parent_partitioning == SOURCES_PARTITIONS.name:
+                deps.append((parent, source_of(partition, SOURCE_CHUNKS)))
+            elif partitioning == SOURCES_PARTITIONS.name and parent_partitioning == SOURCE_CHUNKS:
+                deps.extend((parent, key) for key in keys if source_of(key, SOURCE_CHUNKS) == partition)
             else:
                 deps.extend((parent, key) for key in keys)
         return deps
@@ -174,7 +183,7 @@ def run_graph(
     summary = RunSummary()
     summary.dead_runs_failed = prepare_instance(instance, app, echo)
     freshness, sources = _judge(defs, instance, shape, selection, force)
-    scheduler = _Scheduler(sources, instance, selection, shape, echo)
+    scheduler = _Scheduler(sources, instance, selection, shape, echo, StorageLayout(app.storage_root))
     unknown = scheduler.unknown_partitions()
     if unknown:
         raise ValueError(f"no such partition: {'; '.join(unknown)}")
@@ -244,13 +253,26 @@ def plan_graph(defs: dg.Definitions, app: AppConfig, instance: dg.DagsterInstanc
     states = {}
     for asset in selection.assets:
         name = shape.partitioning[asset]
-        keys: list[str | None] = ([None] if name is None else [source.name for source in sources]
-                                  if name == SOURCES_PARTITIONS.name else list(instance.get_dynamic_partitions(name)))
+        names = [source.name for source in sources]
+        keys: list[str | None] = ([None] if name is None else names if name == SOURCES_PARTITIONS.name
+                                  else list(existing_partitions(name, instance, StorageLayout(app.storage_root), names)))
         for key in keys:
             if selection.keeps(asset, key):
                 states[label(asset, key)] = state = freshness.state(asset, key)
                 echo(f"{state.value:>10}  {label(asset, key)}")
     return states
+
+
+def existing_partitions(name: str, instance: dg.DagsterInstance, layout: StorageLayout, sources: list[str]) -> list[str]:
+    """The partitions of a dynamic partitioning that exist now: for `source_chunks`, each source's
+    chunks as its catalogue last cut them (not the cells past a source's last chunk)."""
+    if name != SOURCE_CHUNKS:
+        return list(instance.get_dynamic_partitions(name))
+    keys = []
+    for source in sources:
+        plan = ChunkPlan.load(layout.chunk_plan(source))
+        keys += [chunk_partition_key(source, index) for index in range(len(plan) if plan else 0)]
+    return keys
 
 
 def _judge(defs: dg.Definitions, instance: dg.DagsterInstance, shape: GraphShape, selection: Selection,

@@ -9,14 +9,16 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from vlm_assets.asset_registry import ASSET_NAMES
+from vlm_assets.defs.resources import SOURCE_CHUNKS, SOURCE_CHUNKS_PARTITIONS, SOURCES_PARTITIONS
 from vlm_assets.defs.tags import CHUNKED_TAG
+from vlm_assets.tokens.chunk_plan import split_chunk_partition
 
 
 @dataclass(frozen=True)
 class GraphShape:
     order: list[str]  # asset names, dependencies first
     parents: dict[str, set[str]]
-    partitioning: dict[str, str | None]  # name of the dynamic partitions definition, or None
+    partitioning: dict[str, str | None]  # name of the dynamic partitions definition (or SOURCE_CHUNKS), or None
     partitions_defs: dict[str, dg.PartitionsDefinition | None]
     chunked: set[str] = field(default_factory=set)  # assets whose step can use several processes
 
@@ -27,7 +29,7 @@ def graph_shape(defs: dg.Definitions) -> GraphShape:
              if spec.key.to_user_string() in ASSET_NAMES}
     parents = {name: {dep.asset_key.to_user_string() for dep in spec.deps} & set(specs) for name, spec in specs.items()}
     partitions_defs = {name: spec.partitions_def for name, spec in specs.items()}
-    partitioning = {name: getattr(partitions_def, "name", None) for name, partitions_def in partitions_defs.items()}
+    partitioning = {name: _partitioning_name(partitions_def) for name, partitions_def in partitions_defs.items()}
     order: list[str] = []
     remaining = dict(parents)
     while remaining:
@@ -41,15 +43,34 @@ def graph_shape(defs: dg.Definitions) -> GraphShape:
     return GraphShape(order, parents, partitioning, partitions_defs, chunked)
 
 
+def _partitioning_name(partitions_def: dg.PartitionsDefinition | None) -> str | None:
+    if partitions_def == SOURCE_CHUNKS_PARTITIONS:
+        return SOURCE_CHUNKS
+    return getattr(partitions_def, "name", None)
+
+
+def source_of(key: str, partitioning: str | None) -> str:
+    """The source a `sources` or `source_chunks` partition key belongs to (a chunk selection may name a whole source)."""
+    return split_chunk_partition(key)[0] if partitioning == SOURCE_CHUNKS and "|" in key else key
+
+
+def _per_source(partitionings: set[str | None]) -> bool:
+    """A source partition and its chunks read each other (a chunk its source's catalogue, a source its chunks)."""
+    return partitionings == {SOURCES_PARTITIONS.name, SOURCE_CHUNKS}
+
+
 @dataclass(frozen=True)
 class Selection:
     """The assets a run builds, dependencies first, and for some of them only these partitions."""
 
     assets: list[str]
-    partitions: dict[str, set[str]] = field(default_factory=dict)  # asset -> its partitions to build; absent: all
+    # asset -> its partitions to build (for chunk partitions, whole sources may be named); absent: all
+    partitions: dict[str, set[str]] = field(default_factory=dict)
 
     def keeps(self, asset: str, partition: str | None) -> bool:
-        return asset not in self.partitions or partition in self.partitions[asset]
+        if asset not in self.partitions or partition in self.partitions[asset]:
+            return True
+        return partition is not None and "|" in partition and source_of(partition, SOURCE_CHUNKS) in self.partitions[asset]
 
 
 SELECTED_PARTITION = re.compile(r"^(?P<asset>[^\[\]]+)\[(?P<partition>[^\[\]]+)\]$")
@@ -81,8 +102,12 @@ def selection_of(shape: GraphShape, items: Sequence[str] | None) -> Selection:
         if name not in wanted:
             continue
         for parent in shape.parents[name]:
-            same = wanted[name] is not None and shape.partitioning[parent] == shape.partitioning[name]
-            inherited = set(wanted[name]) if same else None  # type: ignore[arg-type]
+            child_keys, partitionings = wanted[name], {shape.partitioning[parent], shape.partitioning[name]}
+            inherited: set[str] | None = None
+            if child_keys is not None and len(partitionings) == 1:
+                inherited = set(child_keys)
+            elif child_keys is not None and _per_source(partitionings):
+                inherited = {source_of(key, shape.partitioning[name]) for key in child_keys}
             if parent not in wanted:
                 wanted[parent] = inherited
             elif wanted[parent] is not None:

@@ -14,6 +14,7 @@ counted by the exact path in the chunk processes themselves, so that work is spl
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -31,7 +32,8 @@ from vlm_assets.atomic import atomic_path
 from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
 from vlm_assets.config import FrameCacheConfig, ModelConfig
 from vlm_assets.parallel import ordered_map
-from vlm_assets.parquet_batches import parquet_batches, parquet_rows
+from vlm_assets.tokens.chunk_plan import STORE_ROWS
+from vlm_assets.parquet_batches import aligned_batches, parquet_batches, parquet_rows
 from vlm_assets.tokens.lengths import (
     PROCESSOR_CALL_FAILED,
     LengthCounter,
@@ -45,7 +47,7 @@ from vlm_assets.tokens.lengths import (
 from vlm_assets.tokens.profile import ProcessorProfile, length_counter, processor_profile, stored_modalities
 from vlm_assets.tokens.text import SpecText, TextCounter, stored_text_spec
 
-LENGTH_CHUNK_ROWS = 2048
+LENGTH_CHUNK_ROWS = STORE_ROWS
 CATALOG_COLUMNS_READ = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs"]
 LENGTH_SCHEMA = pa.schema(
     [(column, pa.string()) for column in LENGTH_COLUMNS[:3]] + [(column, pa.int64()) for column in LENGTH_COLUMNS[3:]]
@@ -194,7 +196,7 @@ class _CounterLoad:
 
 def write_length_table(
     catalog: Path,
-    target: Path,
+    target: Path | None,
     model: ModelConfig,
     frame_cache: FrameCacheConfig,
     processes: int = 1,
@@ -203,26 +205,32 @@ def write_length_table(
     reject_control_tokens: bool = True,
     on_processor_loaded: OnProcessorLoaded | None = None,
     store: ChunkStore | None = None,
+    rows: range | None = None,
 ) -> LengthTableSummary:
     """Write the length table of the catalogue at `catalog` to `target` (atomically).
 
     With a `store`, chunks measured by an earlier build are taken from it, and each chunk measured
     now is added to it as soon as it is written; once the table is complete, only its chunks stay.
+    With `rows` (whole chunks of `chunk_rows` from a chunk's start) and no `target`, only those rows
+    are measured, into the store: one chunk of a source measured apart (tokens.chunk_plan).
     """
-    total = parquet_rows(catalog)
+    if target is None and (store is None or rows is None):
+        raise ValueError("measuring without a target table needs a chunk store and a row range")
+    total = len(rows) if rows is not None else parquet_rows(catalog)
+    start, stop = (rows.start, rows.stop) if rows is not None else (0, None)
     # One entry per chunk, in catalogue order, appended as the pool takes chunks: (key, stored rows or None).
     order: deque[tuple[str, pa.Table | None]] = deque()
     used_keys: set[str] = set()
 
     def chunks_to_measure() -> Iterator[list[dict]]:
-        for batch in parquet_batches(catalog, CATALOG_COLUMNS_READ, chunk_rows):
-            rows = batch.to_pylist()
-            key = store.key(rows) if store is not None else ""
+        for batch in aligned_batches(catalog, CATALOG_COLUMNS_READ, chunk_rows, start, stop):
+            batch_rows = batch.to_pylist()
+            key = store.key(batch_rows) if store is not None else ""
             used_keys.add(key)
             stored = store.load(key) if store is not None else None
             order.append((key, stored))
             if stored is None:
-                yield rows
+                yield batch_rows
 
     # A pool costs a start-up (a processor load where no text spec is stored); one chunk is not worth it.
     processes = processes if total > chunk_rows else 1
@@ -230,7 +238,10 @@ def write_length_table(
     load = _CounterLoad(model, frame_cache, reject_control_tokens, on_processor_loaded)
     # Chunks in table order waiting for the processor (measured ones: seconds' worth), so the pool stays fed.
     waiting: list[tuple[str, pa.Table | list[LengthResult | MeasuredSample]]] = []
-    with atomic_path(target) as tmp, pq.ParquetWriter(tmp, LENGTH_SCHEMA) as writer:
+    with contextlib.ExitStack() as outputs:
+        writer = None
+        if target is not None:
+            writer = outputs.enter_context(pq.ParquetWriter(outputs.enter_context(atomic_path(target)), LENGTH_SCHEMA))
 
         def write(key: str, chunk: pa.Table | list[LengthResult | MeasuredSample]) -> None:
             nonlocal done, reused
@@ -243,7 +254,8 @@ def write_length_table(
                 table = pa.table(dict(zip(LENGTH_COLUMNS, zip(*rows))), schema=LENGTH_SCHEMA)
                 if store is not None:
                     store.save(key, table)
-            writer.write_table(table)
+            if writer is not None:
+                writer.write_table(table)
             status, token_len = table.column("status").to_numpy(), table.column("token_len").to_numpy()
             ok_lengths.append(token_len[status == STATUS_OK].astype(np.int64))
             done += table.num_rows
@@ -266,7 +278,7 @@ def write_length_table(
                 flush()
         waiting.extend(order)  # type: ignore[arg-type]  # stored chunks after the last measured one
         flush()
-    if store is not None:
+    if store is not None and target is not None:
         store.keep_only(used_keys)
     lengths = np.concatenate(ok_lengths) if ok_lengths else np.zeros(0, dtype=np.int64)
     return LengthTableSummary(total, processes, lengths, processor_profile(load.counter()), reused)

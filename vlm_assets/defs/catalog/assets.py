@@ -2,6 +2,7 @@
 
 
 from collections import Counter
+from pathlib import Path
 from importlib.metadata import version
 
 import dagster as dg
@@ -13,15 +14,28 @@ from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
 from vlm_assets.defs.catalog.source_files import SOURCE_FILES, observed_digest, source_files_observation
-from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, HFProcessor, VlmConfig, step_progress, versioned
+from vlm_assets.defs.resources import (
+    CHUNK_INDEX_PARTITIONS,
+    HEAVY_POOL,
+    SOURCE_CHUNKS_PARTITIONS,
+    SOURCES_PARTITIONS,
+    HFProcessor,
+    VlmConfig,
+    chunk_index_key,
+    step_progress,
+    versioned,
+)
 from vlm_assets.defs.tags import CHUNKED_TAG, FORCE_TAG
 from vlm_assets.frames.spool import MosaicSpool
+from vlm_assets.package.writer import sha256_file
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.parallel import step_processes
 from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import SampleForLength
 from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, processor_profile
-from vlm_assets.tokens.table import ChunkStore, rows_to_recheck, write_length_table
+from vlm_assets.config import SourceConfig
+from vlm_assets.tokens.chunk_plan import ChunkPlan, plan_chunks, split_chunk_partition
+from vlm_assets.tokens.table import ChunkStore, LengthTableSummary, rows_to_recheck, write_length_table
 from vlm_assets.wording import md_cell, plural
 
 # Rows of each kind (text only, one image, several, video, mixed) the check recomputes.
@@ -72,6 +86,9 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
             progress=lambda n: (context.log.info(f"{plural(n, 'record')} catalogued"), progress.update(n)),
             excluded=[app.storage_root, app.path],
         )
+        chunks = plan_chunks(path, source.chunk_rows)
+        chunks.save(vlm_config.layout.chunk_plan(source.name))
+    _register_chunk_indices(context.instance, len(chunks))
     context.log.info(
         f"{source.name}: {summary.ok} ok, {summary.rejected} rejected -> {path} "
         f"({validator.decoded} media decoded, {validator.remembered} unchanged since their last check)"
@@ -86,7 +103,18 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         "multi_turn_samples": summary.multi_turn,
         "media_decoded": validator.decoded,
         "media_unchanged_since_last_check": validator.remembered,
-    }, fingerprint))
+        "length_chunks": len(chunks),
+        "rows_per_length_chunk": chunks.rows,
+    }, fingerprint,
+        # Its bytes: a catalogue rebuilt unchanged (a file touched) leaves its chunks fresh in the UI too.
+        data_version=sha256_file(path)[:20]))
+
+
+def _register_chunk_indices(instance: dg.DagsterInstance, count: int) -> None:
+    known = set(instance.get_dynamic_partitions(CHUNK_INDEX_PARTITIONS.name))
+    new = [key for key in map(chunk_index_key, range(count)) if key not in known]
+    if new:
+        instance.add_dynamic_partitions(CHUNK_INDEX_PARTITIONS.name, new)
 
 
 def _samples_for_length(frame: pd.DataFrame) -> list[SampleForLength]:
@@ -96,9 +124,81 @@ def _samples_for_length(frame: pd.DataFrame) -> list[SampleForLength]:
     ]
 
 
+def _measure_lengths(context: dg.AssetExecutionContext, vlm_config: VlmConfig, source: SourceConfig,
+                     target: Path | None, rows: range | None = None, reuse: bool = True) -> LengthTableSummary:
+    """Token lengths of the source's catalogue (`rows` of it only, into the chunk store, without a `target`).
+
+    `reuse`: take the chunks already in the store (a run of `vlm-assets run --force` measures them again).
+    """
+    app, layout = vlm_config.app, vlm_config.layout
+    # Chunks measured by an earlier build under the same settings are reused (a killed run, appended
+    # records, a chunk measured by its own run); the library version too, since tokenisation may
+    # change with it while the processor's files do not.
+    store = ChunkStore(layout.length_chunks(source.name), settings="|".join(
+        [vlm_config.fingerprints(context.instance).versions["sample_lengths"], str(source.rejects_control_tokens),
+         version("transformers")]), reuse=reuse)
+
+    def loaded(profile: ProcessorProfile) -> None:
+        context.log.info(f"processor {profile.describe()}")
+        check_model_type(app.model, profile)
+
+    bar = step_progress(context, "samples")
+
+    def progress(done: int, total: int) -> None:
+        context.log.info(f"{context.partition_key}: token lengths {done}/{total}")
+        bar.update(done, total)
+
+    summary = write_length_table(
+        layout.catalog(source.name), target, app.model, app.frame_cache, step_processes(), progress,
+        reject_control_tokens=source.rejects_control_tokens, on_processor_loaded=loaded, store=store, rows=rows,
+    )
+    if summary.reused_rows:
+        context.log.info(f"{context.partition_key}: {plural(summary.reused_rows, 'row')} reused from chunks measured before")
+    return summary
+
+
+@dg.asset(
+    partitions_def=SOURCE_CHUNKS_PARTITIONS,
+    deps=[sample_catalog],
+    group_name="catalog",
+    kinds={"parquet"},
+    pool=HEAVY_POOL,
+    tags={CHUNKED_TAG: "true"},
+    description="Token lengths of one chunk of a source's catalogue (rows [k × chunk_rows, (k + 1) × chunk_rows)), "
+    "kept for sample_lengths to assemble: a big source's chunks are measured side by side, on any worker, "
+    "and a killed or appended build measures only the chunks it lacks.",
+)
+def sample_length_chunk(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+    source_name, index = split_chunk_partition(context.partition_key)
+    source = vlm_config.source(source_name)
+    fingerprint = vlm_config.fingerprint(context, "sample_length_chunk")
+    with vlm_config.locked(context.log, shared=[vlm_config.layout.source_lock(source.name)]):
+        plan = ChunkPlan.load(vlm_config.layout.chunk_plan(source.name))
+        if plan is None:
+            raise dg.Failure(f"{source.name}: its catalogue has no chunk plan yet; build sample_catalog[{source.name}] first")
+        if index >= len(plan):
+            # A cell of the source × chunk grid past this source's last chunk (a bigger source made the index).
+            context.log.info(f"{source.name} has {plural(len(plan), 'chunk')}; chunk {index} holds no rows")
+            return dg.MaterializeResult(**versioned({"rows": 0, "source_chunks": len(plan)}, fingerprint))
+        rows = plan.row_range(index)
+        summary = _measure_lengths(context, vlm_config, source, None, rows,
+                                   reuse=context.run.tags.get(FORCE_TAG) != "true")
+    lengths = summary.ok_token_lens
+    return dg.MaterializeResult(**versioned({
+        "first_row": rows.start,
+        "last_row": rows.stop - 1,
+        "samples": summary.samples,
+        "ok": len(lengths),
+        "total_tokens": int(lengths.sum()),
+        "rows_reused": summary.reused_rows,
+        "source_chunks": len(plan),
+        "processes": summary.processes,
+    }, fingerprint))
+
+
 @dg.asset(
     partitions_def=SOURCES_PARTITIONS,
-    deps=[sample_catalog],
+    deps=[sample_catalog, sample_length_chunk],
     group_name="catalog",
     kinds={"parquet"},
     pool=HEAVY_POOL,
@@ -110,32 +210,12 @@ def sample_lengths(
 ) -> dg.MaterializeResult:
     app = vlm_config.app
     source = vlm_config.source(context.partition_key)
-    fingerprints = vlm_config.fingerprints(context.instance)
-    fingerprint = fingerprints.of("sample_lengths", source.name)
+    fingerprint = vlm_config.fingerprint(context, "sample_lengths")
     path = vlm_config.layout.lengths(source.name)
-    # Chunks measured by an earlier build under the same settings are reused (a killed run, appended records);
-    # the library version too, since tokenisation may change with it while the processor's files do not.
-    store = ChunkStore(vlm_config.layout.length_chunks(source.name), settings="|".join(
-        [fingerprints.versions["sample_lengths"], str(source.rejects_control_tokens), version("transformers")]),
-        reuse=context.run.tags.get(FORCE_TAG) != "true")
-
-    def loaded(profile: ProcessorProfile) -> None:
-        context.log.info(f"processor {profile.describe()}")
-        check_model_type(app.model, profile)
-
-    bar = step_progress(context, "samples")
-
-    def progress(done: int, total: int) -> None:
-        context.log.info(f"{source.name}: token lengths {done}/{total}")
-        bar.update(done, total)
-
     with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
-        summary = write_length_table(
-            vlm_config.layout.catalog(source.name), path, app.model, app.frame_cache, step_processes(), progress,
-            reject_control_tokens=source.rejects_control_tokens, on_processor_loaded=loaded, store=store,
-        )
-    if summary.reused_rows:
-        context.log.info(f"{source.name}: {plural(summary.reused_rows, 'row')} reused from chunks measured before")
+        # Chunks measured by their own runs (sample_length_chunk, forced ones too) are taken from the
+        # store; any chunk not measured yet (a run of this asset alone) is measured here.
+        summary = _measure_lengths(context, vlm_config, source, path)
     profile = summary.profile
     lengths = summary.ok_token_lens
     return dg.MaterializeResult(**versioned({
