@@ -48,6 +48,36 @@ query($keys: [AssetKeyInput!]!) {
   assetsLatestInfo(assetKeys: $keys) { assetKey { path } latestMaterialization { runId } latestRun { id status } }
 }"""
 RELOAD = "mutation { reloadWorkspace { __typename } }"
+# A multi-partitioned asset's statuses (source × chunk): per range of its primary dimension's keys,
+# the other dimension's failed and unmaterialised keys; primary keys in no range have no materialisation.
+MULTI_STATUSES = """
+query($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) { ... on AssetNode {
+    partitionKeysByDimension { name partitionKeys }
+    assetPartitionStatuses { ... on MultiPartitionStatuses { primaryDimensionName ranges {
+      primaryDimStartKey primaryDimEndKey
+      secondaryDim { ... on DefaultPartitionStatuses { failedPartitions unmaterializedPartitions } } } } } } }
+}"""
+
+
+def multi_partitions_needing_building(ui: Ui, path: list[str]) -> set[str]:
+    """Failed or unmaterialised keys of a (chunk, source) multi-partitioned asset, spelled `chunk|source`."""
+    node = ui.graphql(MULTI_STATUSES, {"key": {"path": path}})["assetNodeOrError"]
+    keys = {dimension["name"]: dimension["partitionKeys"] for dimension in node["partitionKeysByDimension"]}
+    statuses = node["assetPartitionStatuses"]
+    primary = statuses["primaryDimensionName"]
+    (secondary,) = set(keys) - {primary}
+    covered: dict[str, set[str]] = {}
+    for span in statuses["ranges"]:
+        order = keys[primary]
+        for key in order[order.index(span["primaryDimStartKey"]):order.index(span["primaryDimEndKey"]) + 1]:
+            covered[key] = set(span["secondaryDim"]["failedPartitions"]) | set(span["secondaryDim"]["unmaterializedPartitions"])
+    pending = set()
+    for primary_key in keys[primary]:
+        for secondary_key in covered.get(primary_key, keys[secondary]):
+            dimensions = {primary: primary_key, secondary: secondary_key}
+            pending.add(f"{dimensions['chunk']}|{dimensions['source']}")
+    return pending
 
 
 def ui_needs_building(ui: Ui) -> set[str]:
@@ -60,10 +90,14 @@ def ui_needs_building(ui: Ui) -> set[str]:
         name = "/".join(node["assetKey"]["path"])
         if node["isPartitioned"]:
             statuses = node["assetPartitionStatuses"]
+            if statuses is not None and "failedPartitions" in statuses:
+                pending = set(statuses["failedPartitions"]) | set(statuses["unmaterializedPartitions"])
+            else:
+                pending = multi_partitions_needing_building(ui, node["assetKey"]["path"])
             keys = node["partitionKeys"]
             stale = ui.graphql(STALE_PARTITIONS, {"key": {"path": node["assetKey"]["path"]}, "partitions": keys})
             for key, status in zip(keys, stale["assetNodeOrError"]["staleStatusByPartition"]):
-                if key in statuses["failedPartitions"] or key in statuses["unmaterializedPartitions"] or status != "FRESH":
+                if key in pending or status != "FRESH":
                     shown.add(f"{name} [{key}]")
         else:
             info = latest[tuple(node["assetKey"]["path"])]

@@ -122,10 +122,6 @@ SOURCE_CHUNKS_PARTITIONS = dg.MultiPartitionsDefinition({"source": SOURCES_PARTI
 SOURCE_CHUNKS = "source_chunks"  # what `vlm-assets run` calls that partitioning
 
 
-def chunk_index_key(index: int) -> str:
-    return f"{index:05d}"
-
-
 # Steps that saturate a core or the disk (token counting, shard and package writing) share this pool
 # (dagster.yaml gives each pool its slots), so parallel runs cannot oversubscribe the machine.
 HEAVY_POOL = "heavy"

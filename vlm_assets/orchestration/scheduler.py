@@ -22,7 +22,14 @@ import dagster as dg
 
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.defs.automation.dead_runs import assign_stranded_steps
-from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCE_CHUNKS, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.defs.resources import (
+    CHUNK_INDEX_PARTITIONS,
+    FRAME_CACHE_POOL,
+    HEAVY_POOL,
+    SOURCE_CHUNKS,
+    SOURCES_PARTITIONS,
+    VlmConfig,
+)
 from vlm_assets.layout import StorageLayout
 from vlm_assets.orchestration.freshness import Freshness, State
 from vlm_assets.orchestration.instance import built_sources, prepare_instance
@@ -32,7 +39,7 @@ from vlm_assets.orchestration.selection import GraphShape, Selection, graph_shap
 from vlm_assets.orchestration.task import IN_WORKER_PROCESS, Submission, TaskOutcome, label
 from vlm_assets.orchestration.workers import WorkerPool, start_workers
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
-from vlm_assets.tokens.chunk_plan import ChunkPlan, chunk_partition_key
+from vlm_assets.tokens.chunk_plan import ChunkPlan, chunk_index_key, chunk_partition_key
 
 WAIT_POLL_S = 0.5
 POOL_SWEEP_S = 5.0  # how often a step stranded in a pool's queue (see assign_stranded_steps) is looked for
@@ -104,7 +111,10 @@ class _Scheduler:
             name = self.shape.partitioning[asset]
             known = (self.sources if name == SOURCES_PARTITIONS.name
                      else existing_partitions(name, self.instance, self.layout, self.sources))
-            problems += [f"{label(asset, key)} (known: {', '.join(known) or 'none yet'})" for key in sorted(set(wanted) - set(known))]
+            # The chunks of a selected source are selected by the source's name (selection.Selection).
+            whole_sources = set(self.sources) if name == SOURCE_CHUNKS else set()
+            problems += [f"{label(asset, key)} (known: {', '.join(known) or 'none yet'})"
+                         for key in sorted(set(wanted) - set(known) - whole_sources)]
         return problems
 
     def _final(self, asset: str) -> bool:
@@ -265,13 +275,16 @@ def plan_graph(defs: dg.Definitions, app: AppConfig, instance: dg.DagsterInstanc
 
 def existing_partitions(name: str, instance: dg.DagsterInstance, layout: StorageLayout, sources: list[str]) -> list[str]:
     """The partitions of a dynamic partitioning that exist now: for `source_chunks`, each source's
-    chunks as its catalogue last cut them (not the cells past a source's last chunk)."""
+    chunks as its catalogue last cut them (not the cells past a source's last chunk), and for a
+    source not catalogued yet, every chunk index registered, as the UI shows it."""
     if name != SOURCE_CHUNKS:
         return list(instance.get_dynamic_partitions(name))
+    registered = list(instance.get_dynamic_partitions(CHUNK_INDEX_PARTITIONS.name))
     keys = []
     for source in sources:
         plan = ChunkPlan.load(layout.chunk_plan(source))
-        keys += [chunk_partition_key(source, index) for index in range(len(plan) if plan else 0)]
+        indices = [chunk_index_key(index) for index in range(len(plan))] if plan is not None else registered
+        keys += [chunk_partition_key(source, int(index)) for index in indices]
     return keys
 
 

@@ -33,9 +33,13 @@ MAX_CHUNKS_PER_SOURCE = 10_000
 # Catalogue columns the token lengths follow from (what tokens.table reads of each row).
 DIGESTED_COLUMNS = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs"]
 
+def chunk_index_key(index: int) -> str:
+    return f"{index:05d}"
+
+
 def chunk_partition_key(source: str, index: int) -> str:
     """A chunk's partition key as Dagster spells a (chunk, source) multi-partition key: `00003|my_source`."""
-    return f"{index:05d}|{source}"
+    return f"{chunk_index_key(index)}|{source}"
 
 
 def split_chunk_partition(key: str) -> tuple[str, int]:

@@ -21,7 +21,6 @@ from vlm_assets.defs.resources import (
     SOURCES_PARTITIONS,
     HFProcessor,
     VlmConfig,
-    chunk_index_key,
     step_progress,
     versioned,
 )
@@ -34,7 +33,7 @@ from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import SampleForLength
 from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, processor_profile
 from vlm_assets.config import SourceConfig
-from vlm_assets.tokens.chunk_plan import ChunkPlan, plan_chunks, split_chunk_partition
+from vlm_assets.tokens.chunk_plan import ChunkPlan, chunk_index_key, plan_chunks, split_chunk_partition
 from vlm_assets.tokens.table import ChunkStore, LengthTableSummary, rows_to_recheck, write_length_table
 from vlm_assets.wording import md_cell, plural
 
