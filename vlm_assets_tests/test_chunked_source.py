@@ -90,6 +90,43 @@ def test_catalogue_on_two_processes_equals_one_process(big_source, catalog, tmp_
     assert (tmp_path / "again.parquet").read_bytes() == catalog.read_bytes()
 
 
+@pytest.mark.parametrize("ids", ["all", "some"])
+def test_a_big_jsonl_read_in_ranges_by_the_processes_gives_the_one_reader_catalogue(tmp_path, monkeypatch, ids):
+    """Each process reads and parses its own ranges of lines: same rows, numbers, duplicates and rejects."""
+    Image.new("RGB", (64, 48), (10, 20, 30)).save(tmp_path / "a.jpg")
+    lines = []
+    for number in range(400):
+        record = {"messages": [{"role": "user", "content": "<image>what " * (number % 3 > 0) + f"q{number}"},
+                               {"role": "assistant", "content": "a " * (number % 50)}],
+                  "images": ["a.jpg"] * (number % 3 > 0)}
+        if ids == "all" or number % 7:
+            record["id"] = f"r{number % 390}"  # the last ten repeat earlier ids
+        lines.append(json.dumps(record))
+    lines[50] = "{not json"
+    lines[120] = ""  # a blank line: not a record
+    lines[200] = json.dumps({"id": "big", "messages": [{"role": "user", "content": "x" * 5000}]})  # over the limit
+    lines[300] = json.dumps({"id": "r300", "messages": [{"role": "user", "content": "<image>"}], "images": ["gone.jpg"]})
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
+    source = SourceConfig("ranges", "jsonl", tmp_path / "train.jsonl", tmp_path, max_record_bytes=4096)
+    one = tmp_path / "one.parquet"
+    write_catalog(source, one, "messages", MediaValidator(), 1)
+
+    import vlm_assets.catalog.build as build
+
+    monkeypatch.setattr(build, "RANGE_READING_MIN_BYTES", 0)
+    monkeypatch.setattr(build, "RANGE_BYTES", (1024, 2048))
+    assert build._read_in_ranges(source, 2) == 1024
+    ranged = tmp_path / "ranged.parquet"
+    checks = MediaCheckLog(tmp_path / "checks.jsonl")
+    summary = write_catalog(source, ranged, "messages", MediaValidator(check_log=checks), 2)
+    assert ranged.read_bytes() == one.read_bytes()
+    frame = read_catalog(ranged)
+    assert frame.sample_id.is_unique and summary.samples == 399
+    duplicates = sum(reason.startswith("duplicate sample id") for reason in frame.reason)
+    assert duplicates == (10 if ids == "all" else 0)  # without ids on all, records are numbered
+    assert len((tmp_path / "checks.jsonl").read_text().splitlines()) == 1  # a.jpg, recorded once
+
+
 class Interrupted(Exception):
     pass
 

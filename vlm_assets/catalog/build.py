@@ -14,9 +14,11 @@ import pandas as pd
 from vlm_assets.catalog.images import ImageTooLarge, opened_image
 from vlm_assets.catalog.media import kind_from_name, open_media, sniff_extension
 from vlm_assets.catalog.media_checks import MediaCheckLog, media_fingerprint
-from vlm_assets.catalog.media_resolution import ResolvedMedia
+from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope, real_path
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
 from vlm_assets.catalog.readers import RawRecord, read_source
+from vlm_assets.catalog.readers.jsonl import IdSurvey, LineRange, line_ranges, read_jsonl_range, survey_range
+from vlm_assets.catalog.records import is_json_array
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
 from vlm_assets.config import DEFAULT_MAX_IMAGE_PIXELS, SourceConfig
 from vlm_assets.parallel import ordered_map
@@ -191,11 +193,26 @@ def _with_duplicates_marked(records: Iterable[RawRecord]) -> Iterator[RawRecord]
     seen: dict[str, str] = {}  # sample id -> origin it was first read from
     for raw in records:
         if raw.sample_id in seen:
-            raw.error = f"duplicate sample id {raw.sample_id!r}, first read from {seen[raw.sample_id]} [{raw.origin}]"
+            raw.error = _duplicate(raw.sample_id, seen, raw.origin)
             raw.record = None
             raw.sample_id = f"{raw.sample_id}#dup{len(seen)}"
         seen[raw.sample_id] = raw.origin
         yield raw
+
+
+def _duplicate(sample_id: str, seen: dict[str, str], origin: str) -> str:
+    return f"duplicate sample id {sample_id!r}, first read from {seen[sample_id]} [{origin}]"
+
+
+def _unique_row(row: dict, seen: dict[str, str]) -> dict:
+    """`row`, or, if its sample id was seen before, the reject _with_duplicates_marked makes of it."""
+    sample_id = row["sample_id"]
+    if sample_id in seen:
+        reason = _duplicate(sample_id, seen, row["origin"])
+        row = {"sample_id": f"{sample_id}#dup{len(seen)}", "source": row["source"], "origin": row["origin"],
+               **_rejected(reason)}
+    seen[row["sample_id"]] = row["origin"]
+    return row
 
 
 def _row(raw: RawRecord, source: str, text_key: str, validator: MediaValidator) -> dict:
@@ -251,13 +268,13 @@ _chunk_worker: dict[str, Any] = {}
 
 
 def _start_chunk_worker(
-    source: str, text_key: str, num_frames: int, check_log: Path | None, mosaic_spool: MosaicSpool | None,
-    max_image_pixels: int,
+    source: SourceConfig, text_key: str, num_frames: int, check_log: Path | None, mosaic_spool: MosaicSpool | None,
 ) -> None:
     # The worker's log is read-only: it reports its checks with each chunk and the build records them.
     log = MediaCheckLog(check_log, append=False) if check_log is not None else None
-    validator = MediaValidator(num_frames, log, mosaic_spool, max_image_pixels)
-    _chunk_worker.update(source=source, text_key=text_key, validator=validator)
+    validator = MediaValidator(num_frames, log, mosaic_spool, source.max_image_pixels)
+    _chunk_worker.update(source=source.name, text_key=text_key, validator=validator, config=source,
+                         scope=SourceScope(source))
 
 
 def _checked_chunk(records: list[RawRecord]) -> tuple[list[dict], dict[str, str], int, int]:
@@ -269,6 +286,57 @@ def _checked_chunk(records: list[RawRecord]) -> tuple[list[dict], dict[str, str]
     return rows, used, validator.decoded - decoded, validator.remembered - remembered
 
 
+def _surveyed_range(lines: LineRange) -> IdSurvey:
+    return survey_range(_chunk_worker["config"], lines)
+
+
+def _checked_range(task: tuple[LineRange, int, bool]) -> tuple[list[dict], dict[str, str], int, int]:
+    lines, first_number, use_ids = task
+    return _checked_chunk(list(read_jsonl_range(_chunk_worker["config"], _chunk_worker["scope"], lines, first_number, use_ids)))
+
+
+# A JSON-lines file at least this big is read by the chunk processes themselves, a range of lines
+# each: one process reading and parsing every record caps a big source at a few thousand records
+# per second, whatever the number of processes.
+RANGE_READING_MIN_BYTES = 8 << 20
+# Ranges of 64 KiB to 4 MiB: dozens per process, so a range of slow records (videos) at the end
+# keeps one process busy only briefly.
+RANGE_BYTES = (64 << 10, 4 << 20)
+RANGES_PER_PROCESS = 64
+
+
+def _read_in_ranges(source: SourceConfig, processes: int) -> int:
+    """The bytes per range to read `source` in, or 0 when its records are read here (see RANGE_READING_MIN_BYTES)."""
+    if processes <= 1 or source.kind != "jsonl":
+        return 0
+    path = real_path(source.path)
+    size = path.stat().st_size
+    if size < RANGE_READING_MIN_BYTES:
+        return 0
+    with open(path, "rb") as handle:
+        if is_json_array(handle.read(4096)):
+            return 0
+    low, high = RANGE_BYTES
+    return max(low, min(high, size // (processes * RANGES_PER_PROCESS)))
+
+
+def _rows_read_in_ranges(source: SourceConfig, range_bytes: int, processes: int, settings: tuple) -> Iterator[tuple]:
+    """Chunk results (rows, checks used, decoded, remembered) of a JSON-lines source read in ranges.
+
+    Two passes, as with one reader: every range's ids are surveyed first (records are named by
+    their ids only if all have one), then each range is read again into rows. Duplicate ids are
+    marked here, in reading order, as _with_duplicates_marked marks them.
+    """
+    ranges = list(line_ranges(real_path(source.path), range_bytes))
+    surveys = list(ordered_map(_surveyed_range, ranges, processes, _start_chunk_worker, settings))
+    use_ids = sum(surveys, IdSurvey()).use_ids
+    first_numbers = itertools.accumulate((survey.records for survey in surveys[:-1]), initial=1)
+    tasks = zip(ranges, first_numbers, itertools.repeat(use_ids))
+    seen: dict[str, str] = {}
+    for rows, used, decoded, remembered in ordered_map(_checked_range, tasks, processes, _start_chunk_worker, settings):
+        yield [_unique_row(row, seen) for row in rows], used, decoded, remembered
+
+
 def iter_catalog_chunks(
     source: SourceConfig,
     text_key: str,
@@ -278,24 +346,29 @@ def iter_catalog_chunks(
 ) -> Iterator[list[dict]]:
     """One row per input record, in reading order, a chunk at a time: each record fails alone, none is dropped.
 
-    With several processes the records are read (and duplicate ids found) here, and the chunks'
-    media checked in the worker processes; the rows are the same as with one process. `validator`
-    then only gathers the workers' counts and checks. Images are checked against the source's
-    `max_image_pixels`.
+    With several processes the chunks' records are checked in the worker processes; a big JSON-lines
+    file is also read and parsed there, a range of lines each (RANGE_READING_MIN_BYTES), other
+    sources are read here. Duplicate ids are found here. The rows are the same as with one process.
+    `validator` then only gathers the workers' counts and checks. Images are checked against the
+    source's `max_image_pixels`.
     """
     validator.max_image_pixels = source.max_image_pixels
-    chunks = _chunked_by_work(_with_duplicates_marked(read_source(source)), chunk_work)
-    # Worker processes cost a start-up each; a source of one chunk is done here.
-    opening = list(itertools.islice(chunks, 2))
-    chunks = itertools.chain(opening, chunks)
-    if processes <= 1 or len(opening) < 2:
-        for chunk in chunks:
-            yield [_row(raw, source.name, text_key, validator) for raw in chunk]
-        return
     log = validator.check_log
-    settings = (source.name, text_key, validator.num_frames, log.path if log else None, validator.mosaic_spool,
-                source.max_image_pixels)
-    for rows, used, decoded, remembered in ordered_map(_checked_chunk, chunks, processes, _start_chunk_worker, settings):
+    settings = (source, text_key, validator.num_frames, log.path if log else None, validator.mosaic_spool)
+    range_bytes = _read_in_ranges(source, processes)
+    if range_bytes:
+        results = _rows_read_in_ranges(source, range_bytes, processes, settings)
+    else:
+        chunks = _chunked_by_work(_with_duplicates_marked(read_source(source)), chunk_work)
+        # Worker processes cost a start-up each; a source of one chunk is done here.
+        opening = list(itertools.islice(chunks, 2))
+        chunks = itertools.chain(opening, chunks)
+        if processes <= 1 or len(opening) < 2:
+            for chunk in chunks:
+                yield [_row(raw, source.name, text_key, validator) for raw in chunk]
+            return
+        results = ordered_map(_checked_chunk, chunks, processes, _start_chunk_worker, settings)
+    for rows, used, decoded, remembered in results:
         if log is not None:
             log.adopt(used)
         validator.decoded += decoded

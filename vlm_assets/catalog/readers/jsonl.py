@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +27,96 @@ def read_jsonl(source: SourceConfig, scope: SourceScope, limits: RecordLimits) -
         # JSON lines are read twice rather than held: a source of millions of lines needs no more
         # memory than one line.
         id_pass, entries = _jsonl_entries(path, limits), _jsonl_entries(path, limits)
-    # Record ids when every object record has one (a repeated id is then a rejected duplicate, see
-    # build.py; never renumbered); records that are not objects are named by where they are.
-    has_objects, all_have_ids = False, True
-    for _origin, _locator, record, _error in id_pass:
-        if isinstance(record, dict):
-            has_objects = True
-            if not _usable_id(record.get("id")):
-                all_have_ids = False
-                break
-    use_ids = has_objects and all_have_ids
-    for number, (origin, locator, record, error) in enumerate(entries, start=1):
-        if use_ids:
-            local_id = record["id"] if isinstance(record, dict) else locator
-        else:
-            local_id = number
+    survey = IdSurvey.of((entry[2] for entry in id_pass), count_all=False)
+    yield from _raw_records(source, resolver, entries, 1, survey.use_ids)
+
+
+@dataclass(frozen=True)
+class IdSurvey:
+    """Whether records are named by their ids: when every object record has a usable one (a repeated
+    id is then a rejected duplicate, see build.py; never renumbered). Records that are not objects
+    are named by where they are; without ids, every record by its number among the records."""
+
+    records: int = 0
+    has_objects: bool = False
+    all_have_ids: bool = True
+
+    @classmethod
+    def of(cls, records: Iterable[Any], count_all: bool = True) -> IdSurvey:
+        """Without `count_all`, it stops at the first object without an id (`records` is then short)."""
+        count, has_objects, all_have_ids = 0, False, True
+        for record in records:
+            count += 1
+            if isinstance(record, dict):
+                has_objects = True
+                all_have_ids = all_have_ids and _usable_id(record.get("id"))
+                if not (all_have_ids or count_all):
+                    break
+        return cls(count, has_objects, all_have_ids)
+
+    def __add__(self, other: IdSurvey) -> IdSurvey:
+        return IdSurvey(self.records + other.records, self.has_objects or other.has_objects,
+                        self.all_have_ids and other.all_have_ids)
+
+    @property
+    def use_ids(self) -> bool:
+        return self.has_objects and self.all_have_ids
+
+
+def _raw_records(source: SourceConfig, resolver: FileResolver, entries: Iterable[_Entry], first_number: int,
+                 use_ids: bool) -> Iterator[RawRecord]:
+    for number, (origin, locator, record, error) in enumerate(entries, start=first_number):
+        local_id = (record["id"] if isinstance(record, dict) else locator) if use_ids else number
         yield RawRecord(f"{source.name}/{local_id}", origin, record, resolver, error)
+
+
+@dataclass(frozen=True)
+class LineRange:
+    """Lines [start, end) of a JSON-lines file, in bytes; `first_line` is its first line's number."""
+
+    start: int
+    end: int
+    first_line: int
+
+
+READ_BLOCK = 16 << 20
+
+
+def line_ranges(path: Path, target_bytes: int) -> Iterator[LineRange]:
+    """The file cut into ranges of whole lines, each ending at the first line end past a multiple of
+    `target_bytes` from its start, read once at disk speed (lines are counted, not parsed)."""
+    start, first_line = 0, 1
+    position, line = 0, 1  # bytes before the block; number of the line the block starts in
+    with open(path, "rb") as handle:
+        while block := handle.read(READ_BLOCK):
+            cursor = 0
+            while (wanted := start + target_bytes - position) < len(block):
+                newline = block.find(b"\n", max(wanted, cursor))
+                if newline < 0:
+                    break
+                line += block.count(b"\n", cursor, newline + 1)
+                cursor = newline + 1
+                yield LineRange(start, position + cursor, first_line)
+                start, first_line = position + cursor, line
+            line += block.count(b"\n", cursor)
+            position += len(block)
+    if position > start:
+        yield LineRange(start, position, first_line)
+
+
+def survey_range(source: SourceConfig, lines: LineRange) -> IdSurvey:
+    limits = RecordLimits.of(source)
+    return IdSurvey.of(entry[2] for entry in _jsonl_entries(real_path(source.path), limits, lines))
+
+
+def read_jsonl_range(source: SourceConfig, scope: SourceScope, lines: LineRange, first_number: int,
+                     use_ids: bool) -> Iterator[RawRecord]:
+    """The raw records of `lines` of a JSON-lines source, as read_jsonl names them: `first_number` is
+    the number of the range's first record among the file's records, `use_ids` the whole file's
+    IdSurvey.use_ids."""
+    path = real_path(source.path)
+    resolver = FileResolver(source.name, scope, [scope.media_root])
+    yield from _raw_records(source, resolver, _jsonl_entries(path, RecordLimits.of(source), lines), first_number, use_ids)
 
 
 def _usable_id(value: Any) -> bool:
@@ -53,18 +128,22 @@ def _array_entries(path: Path, limits: RecordLimits) -> Iterator[_Entry]:
         yield f"{path}[{element.index}]", f"element-{element.index}", element.record, element.error
 
 
-def _jsonl_entries(path: Path, limits: RecordLimits) -> Iterator[_Entry]:
-    for number, line, error in _jsonl_lines(path, limits):
+def _jsonl_entries(path: Path, limits: RecordLimits, lines: LineRange | None = None) -> Iterator[_Entry]:
+    for number, line, error in _jsonl_lines(path, limits, lines):
         origin = f"{path}:{number}"
         record, error = (None, error) if line is None else parse_bytes(line, origin, limits)
         yield origin, f"line-{number}", record, error
 
 
-def _jsonl_lines(path: Path, limits: RecordLimits) -> Iterator[tuple[int, bytes | None, str]]:
-    """(line number, line, "") for each non-blank line, or (number, None, reason) for one over the limit."""
+def _jsonl_lines(path: Path, limits: RecordLimits, lines: LineRange | None = None) -> Iterator[tuple[int, bytes | None, str]]:
+    """(line number, line, "") for each non-blank line (of `lines` only, if given), or (number, None,
+    reason) for one over the limit."""
     with open(path, "rb") as handle:
         number = 0
-        while True:
+        if lines is not None:
+            handle.seek(lines.start)
+            number = lines.first_line - 1
+        while lines is None or handle.tell() < lines.end:
             line = handle.readline(limits.max_bytes + 1)
             if not line:
                 return

@@ -1,0 +1,174 @@
+"""One big source through its token lengths as chunk partitions: 1 vs 2 workers beside the machine's own
+2-process ceiling, a run killed at half its chunks then resumed, and 1 % of records appended.
+
+    .venv/bin/python bench/length_chunks.py [--records 200000] [--repeats 2]
+
+Input: the LLaVA-style jsonl of bench/catalog_readers.py (one image per record, 1–3 turns), generated
+once. Every measured run is the real CLI, `python -m vlm_assets.cli run --select sample_lengths`, on a
+fresh DAGSTER_HOME and storage root: the catalogue, its length chunks (16,384 rows each) and the
+assembled table. Side by side, alternating, --repeats times:
+  workers 1      `--workers 1`
+  workers 2      `--workers 2`: two chunk runs at a time
+  ceiling        two plain processes, each cataloguing one half of the records and measuring its
+                 lengths (write_catalog, write_length_table; one process each, no Dagster), against
+                 one such process over all the records: the most two processes gain on this
+                 machine in these minutes
+Then, once, on a fresh home with 2 workers: a run killed (kill -9 of its process group) once half of
+the chunks are materialised, and the rerun (its time against the full 2-worker run); and on the
+finished site, 1 % more records appended to the manifest and the rerun.
+Per run it prints the seconds spent inside each asset's runs (the Dagster run records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import dagster as dg
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from catalog_readers import generate  # noqa: E402  (a bench script beside this one)
+
+from vlm_assets.catalog.build import MediaValidator  # noqa: E402
+from vlm_assets.catalog.table import write_catalog  # noqa: E402
+from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig  # noqa: E402
+from vlm_assets.tokens.table import write_length_table  # noqa: E402
+
+CHUNK = dg.AssetKey("sample_length_chunk")
+
+
+def site(scratch: Path, manifest: Path, name: str) -> tuple[Path, Path]:
+    folder = scratch / name
+    folder.mkdir()
+    config = folder / "vlm_assets.yaml"
+    config.write_text(yaml.safe_dump({
+        "storage": {"root": str(folder / "vlm_data")},
+        "sources": [{"name": "big", "kind": "jsonl", "path": str(manifest), "media_root": str(manifest.parent)}],
+    }))
+    return config, folder / "home"
+
+
+def start(config: Path, home: Path, workers: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "vlm_assets.cli", "run", "--config", str(config), "--select", "sample_lengths",
+         "--workers", str(workers)],
+        env={**os.environ, "DAGSTER_HOME": str(home)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+
+
+def timed_run(config: Path, home: Path, workers: int) -> float:
+    began = time.perf_counter()
+    process = start(config, home, workers)
+    output, _ = process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"run failed:\n{output[-3000:]}")
+    return time.perf_counter() - began
+
+
+def seconds_by_asset(home: Path) -> str:
+    spent: dict[str, float] = {}
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for record in instance.get_run_records():
+            asset = record.dagster_run.tags.get("vlm_assets/asset", "?")
+            if record.start_time and record.end_time:
+                spent[asset] = spent.get(asset, 0.0) + record.end_time - record.start_time
+    return ", ".join(f"{asset} {seconds:.0f} s" for asset, seconds in sorted(spent.items()))
+
+
+def chunks_done(home: Path) -> int:
+    if not (home / "dagster.yaml").exists():
+        return 0
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return len(instance.fetch_materializations(CHUNK, limit=100_000).records)
+
+
+def one_process(manifest: Path) -> None:
+    """A ceiling process: catalogue and lengths of one jsonl, in this process alone."""
+    source = SourceConfig(manifest.stem, "jsonl", manifest, manifest.parent)
+    with tempfile.TemporaryDirectory() as scratch:
+        catalog = Path(scratch) / "catalog.parquet"
+        write_catalog(source, catalog, "messages", MediaValidator(), 1)
+        write_length_table(catalog, Path(scratch) / "lengths.parquet", ModelConfig(), FrameCacheConfig())
+
+
+def plain(*manifests: Path) -> float:
+    began = time.perf_counter()
+    processes = [subprocess.Popen([sys.executable, __file__, "--one-process", str(path)]) for path in manifests]
+    if any(process.wait() != 0 for process in processes):
+        raise SystemExit("a ceiling process failed")
+    return time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--one-process", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one_process:
+        one_process(args.one_process)
+        return
+    folder = generate(args.records)
+    manifest = folder / "train.jsonl"
+    times: dict[str, list[float]] = {"workers 1": [], "workers 2": [], "plain 1": [], "plain 2 (halves)": []}
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
+        for round_number in range(args.repeats):
+            for workers in (1, 2):
+                config, home = site(scratch, manifest, f"round{round_number}-workers{workers}")
+                times[f"workers {workers}"].append(timed_run(config, home, workers))
+                print(f"round {round_number + 1}, workers {workers}: {times[f'workers {workers}'][-1]:.1f} s "
+                      f"({seconds_by_asset(home)})", flush=True)
+            times["plain 1"].append(plain(manifest))
+            times["plain 2 (halves)"].append(plain(folder / "first_half.jsonl", folder / "second_half.jsonl"))
+            print(f"round {round_number + 1}, ceiling: one process {times['plain 1'][-1]:.1f} s, "
+                  f"two halves side by side {times['plain 2 (halves)'][-1]:.1f} s", flush=True)
+        median = {name: statistics.median(values) for name, values in times.items()}
+        ours, ceiling = median["workers 1"] / median["workers 2"], median["plain 1"] / median["plain 2 (halves)"]
+        print(f"\n{args.records:,} records, medians of {args.repeats}: workers 1 {median['workers 1']:.1f} s, "
+              f"workers 2 {median['workers 2']:.1f} s: {ours:.2f}×; machine ceiling {ceiling:.2f}× "
+              f"(plain {median['plain 1']:.1f} s vs {median['plain 2 (halves)']:.1f} s): {ours / ceiling:.0%} of it")
+
+        config, home = site(scratch, manifest, "killed")
+        process = start(config, home, 2)
+        total = None
+        while process.poll() is None:
+            plan = Path(yaml.safe_load(config.read_text())["storage"]["root"]) / "catalog" / "big.chunks.json"
+            if total is None and plan.exists():
+                total = len(yaml.safe_load(plan.read_text())["digests"])
+            if total and chunks_done(home) >= total // 2:
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+            time.sleep(0.5)
+        process.wait()
+        done = chunks_done(home)
+        resumed = timed_run(config, home, 2)
+        print(f"killed at {done} of {total} chunks; the rerun took {resumed:.1f} s, "
+              f"{resumed / median['workers 2']:.0%} of a full 2-worker run ({seconds_by_asset(home)})")
+
+        appended = max(1, args.records // 100)
+        lines = manifest.read_text().splitlines(keepends=True)[:appended]
+        grown = scratch / "grown" / "train.jsonl"
+        grown.parent.mkdir()
+        for image in folder.glob("*.jpg"):
+            (grown.parent / image.name).symlink_to(image)
+        grown.write_text(manifest.read_text())
+        config, home = site(scratch, grown, "appended")
+        timed_run(config, home, 2)
+        with grown.open("a") as handle:
+            handle.writelines(line.replace('"id": "s', '"id": "more') for line in lines)
+        again = timed_run(config, home, 2)
+        print(f"{appended:,} records appended (1 %): the rerun took {again:.1f} s, "
+              f"{again / median['workers 2']:.0%} of a full 2-worker run")
+
+
+if __name__ == "__main__":
+    main()
