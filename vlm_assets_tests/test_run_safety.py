@@ -83,7 +83,7 @@ SOURCE_LINEAGE_OUTPUTS = ("catalog/demo_images.", "lengths/demo_images.", "packi
 @pytest.mark.parametrize(
     ("asset", "partition", "prepare", "lock", "swept_by", "target", "outputs"),
     [
-        ("sample_lengths", "demo_images", "sample_catalog[demo_images]", "source-demo_images", "cli",
+        ("sample_length_chunk", "00000|demo_images", "sample_catalog[demo_images]", "source-demo_images", "cli",
          "energon_dataset[demo_images]", SOURCE_LINEAGE_OUTPUTS),
         ("packed_wds_shards", "demo_images", "packed_json[demo_images]", "source-demo_images", "cli",
          "energon_dataset[demo_images]", SOURCE_LINEAGE_OUTPUTS),
