@@ -32,6 +32,10 @@ class StorageLayout:
         """How the catalogue is cut into chunks whose lengths are measured apart (tokens.chunk_plan)."""
         return self.root / "catalog" / f"{source}.chunks.json"
 
+    def catalog_read_mark(self, source: str) -> Path:
+        """What the last build of a JSON-lines source's catalogue read (catalog.appending)."""
+        return self.root / "catalog" / f"{source}.read.json"
+
     def media_checks(self, source: str) -> Path:
         return self.root / "catalog" / f"{source}.media_checks.jsonl"
 

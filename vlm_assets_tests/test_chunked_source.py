@@ -115,7 +115,7 @@ def test_a_big_jsonl_read_in_ranges_by_the_processes_gives_the_one_reader_catalo
 
     monkeypatch.setattr(build, "RANGE_READING_MIN_BYTES", 0)
     monkeypatch.setattr(build, "RANGE_BYTES", (1024, 2048))
-    assert build._read_in_ranges(source, 2) == 1024
+    assert build._read_in_ranges(source, 2, build.JsonlPart()) == 1024
     ranged = tmp_path / "ranged.parquet"
     checks = MediaCheckLog(tmp_path / "checks.jsonl")
     summary = write_catalog(source, ranged, "messages", MediaValidator(check_log=checks), 2)
@@ -270,6 +270,12 @@ def test_a_source_cut_into_chunks_measures_them_apart_and_gives_the_one_worker_t
     assert "= sample_length_chunk [00000|chat]: up to date" in result.stdout
     assert "= sample_length_chunk [00001|chat]: up to date" in result.stdout
     assert sorted(_chunk_runs(site / "home")[3:]) == ["00002|chat", "00003|chat"]
+    with dg.DagsterInstance.from_config(str(site / "home")) as instance:
+        metadata = instance.get_latest_materialization_event(dg.AssetKey("sample_catalog")).asset_materialization.metadata
+        assert metadata["rows_kept"].value == rows and metadata["samples"].value == rows + 2100  # only the new lines read
+    full_read = tmp_path / "full_read.parquet"
+    write_catalog(SourceConfig("chat", "jsonl", manifest, manifest.parent), full_read, "messages", MediaValidator())
+    assert (site / "vlm_data" / "catalog" / "chat.parquet").read_bytes() == full_read.read_bytes()
     appended_table = (site / "vlm_data" / "lengths" / "chat.parquet").read_bytes()
     shutil.rmtree(tmp_path / "workers1" / "vlm_data" / "spool" / "lengths")
     result = run(tmp_path / "workers1" / "vlm_assets.yaml", tmp_path / "workers1" / "home", "--select", "sample_lengths")

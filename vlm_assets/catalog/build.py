@@ -6,6 +6,7 @@ import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,7 +132,7 @@ def _kind_of(item: MediaItem, resolved: ResolvedMedia) -> str:
     return kind
 
 
-def _catalog_row(raw: RawRecord, text_key: str, validator: MediaValidator) -> dict:
+def _ok_row(raw: RawRecord, text_key: str, validator: MediaValidator) -> dict:
     stem_media: dict[str, ResolvedMedia] = {}
 
     def fallback() -> list[MediaItem]:
@@ -188,9 +189,9 @@ CATALOG_CHUNK_WORK = 256
 VIDEO_CHECK_WORK = CATALOG_CHUNK_WORK // 2
 
 
-def _with_duplicates_marked(records: Iterable[RawRecord]) -> Iterator[RawRecord]:
-    """Records in reading order; a repeated sample id becomes a reject under a distinct id."""
-    seen: dict[str, str] = {}  # sample id -> origin it was first read from
+def _with_duplicates_marked(records: Iterable[RawRecord], seen: dict[str, str]) -> Iterator[RawRecord]:
+    """Records in reading order; a repeated sample id (of these or of `seen`, sample id -> origin it
+    was first read from, which grows as they are read) becomes a reject under a distinct id."""
     for raw in records:
         if raw.sample_id in seen:
             raw.error = _duplicate(raw.sample_id, seen, raw.origin)
@@ -215,12 +216,12 @@ def _unique_row(row: dict, seen: dict[str, str]) -> dict:
     return row
 
 
-def _row(raw: RawRecord, source: str, text_key: str, validator: MediaValidator) -> dict:
+def catalog_row(raw: RawRecord, source: str, text_key: str, validator: MediaValidator) -> dict:
     if raw.error:
         row = _rejected(raw.error)
     else:
         try:
-            row = _catalog_row(raw, text_key, validator)
+            row = _ok_row(raw, text_key, validator)
         except SampleError as error:
             row = _rejected(f"{error} [{raw.origin}]")
         except _RECORD_ERRORS as error:
@@ -281,7 +282,7 @@ def _checked_chunk(records: list[RawRecord]) -> tuple[list[dict], dict[str, str]
     """(rows, checks passed or remembered, media decoded, media remembered) for one chunk."""
     validator: MediaValidator = _chunk_worker["validator"]
     decoded, remembered = validator.decoded, validator.remembered
-    rows = [_row(raw, _chunk_worker["source"], _chunk_worker["text_key"], validator) for raw in records]
+    rows = [catalog_row(raw, _chunk_worker["source"], _chunk_worker["text_key"], validator) for raw in records]
     used = validator.check_log.take_used() if validator.check_log is not None else {}
     return rows, used, validator.decoded - decoded, validator.remembered - remembered
 
@@ -305,36 +306,65 @@ RANGE_BYTES = (64 << 10, 4 << 20)
 RANGES_PER_PROCESS = 64
 
 
-def _read_in_ranges(source: SourceConfig, processes: int) -> int:
-    """The bytes per range to read `source` in, or 0 when its records are read here (see RANGE_READING_MIN_BYTES)."""
-    if processes <= 1 or source.kind != "jsonl":
+def is_json_lines(source: SourceConfig) -> bool:
+    """A `jsonl` source holding JSON lines (not one JSON array)."""
+    if source.kind != "jsonl" or not source.path.is_file():
+        return False
+    with open(real_path(source.path), "rb") as handle:
+        return not is_json_array(handle.read(4096))
+
+
+@dataclass
+class JsonlPart:
+    """What of a JSON-lines source is read: from byte `start` (line `first_line`, record number
+    `first_number`) to its end. A catalogue extended by appended lines reads only them, knowing
+    how the records before were named (`before`) and their ids (`seen`, sample id -> origin)."""
+
+    start: int = 0
+    first_line: int = 1
+    first_number: int = 1
+    before: IdSurvey = field(default_factory=IdSurvey)
+    seen: dict[str, str] = field(default_factory=dict)
+    # The whole file's, once the part is surveyed: it names the part's records as the ones before.
+    survey: IdSurvey | None = None
+
+    def lines(self, source: SourceConfig) -> LineRange:
+        return LineRange(self.start, real_path(source.path).stat().st_size, self.first_line)
+
+
+def _read_in_ranges(source: SourceConfig, processes: int, part: JsonlPart | None) -> int:
+    """The bytes per range to read `part` in, or 0 when its records are read here (see RANGE_READING_MIN_BYTES)."""
+    if processes <= 1 or part is None:
         return 0
-    path = real_path(source.path)
-    size = path.stat().st_size
+    size = real_path(source.path).stat().st_size - part.start
     if size < RANGE_READING_MIN_BYTES:
         return 0
-    with open(path, "rb") as handle:
-        if is_json_array(handle.read(4096)):
-            return 0
     low, high = RANGE_BYTES
     return max(low, min(high, size // (processes * RANGES_PER_PROCESS)))
 
 
-def _rows_read_in_ranges(source: SourceConfig, range_bytes: int, processes: int, settings: tuple) -> Iterator[tuple]:
-    """Chunk results (rows, checks used, decoded, remembered) of a JSON-lines source read in ranges.
+def _part_records(source: SourceConfig, part: JsonlPart) -> Iterator[RawRecord]:
+    """The raw records of `part`, read here: surveyed first, then read again, as read_jsonl reads a file."""
+    lines = part.lines(source)
+    part.survey = part.before + survey_range(source, lines, count_all=False)
+    yield from read_jsonl_range(source, SourceScope(source), lines, part.first_number, part.survey.use_ids)
+
+
+def _rows_read_in_ranges(source: SourceConfig, part: JsonlPart, range_bytes: int, processes: int,
+                         settings: tuple) -> Iterator[tuple]:
+    """Chunk results (rows, checks used, decoded, remembered) of `part` read in ranges.
 
     Two passes, as with one reader: every range's ids are surveyed first (records are named by
     their ids only if all have one), then each range is read again into rows. Duplicate ids are
     marked here, in reading order, as _with_duplicates_marked marks them.
     """
-    ranges = list(line_ranges(real_path(source.path), range_bytes))
+    ranges = list(line_ranges(real_path(source.path), range_bytes, part.start, part.first_line))
     surveys = list(ordered_map(_surveyed_range, ranges, processes, _start_chunk_worker, settings))
-    use_ids = sum(surveys, IdSurvey()).use_ids
-    first_numbers = itertools.accumulate((survey.records for survey in surveys[:-1]), initial=1)
-    tasks = zip(ranges, first_numbers, itertools.repeat(use_ids))
-    seen: dict[str, str] = {}
+    part.survey = sum(surveys, part.before)
+    first_numbers = itertools.accumulate((survey.records for survey in surveys[:-1]), initial=part.first_number)
+    tasks = zip(ranges, first_numbers, itertools.repeat(part.survey.use_ids))
     for rows, used, decoded, remembered in ordered_map(_checked_range, tasks, processes, _start_chunk_worker, settings):
-        yield [_unique_row(row, seen) for row in rows], used, decoded, remembered
+        yield [_unique_row(row, part.seen) for row in rows], used, decoded, remembered
 
 
 def iter_catalog_chunks(
@@ -343,6 +373,7 @@ def iter_catalog_chunks(
     validator: MediaValidator,
     processes: int = 1,
     chunk_work: int = CATALOG_CHUNK_WORK,
+    part: JsonlPart | None = None,
 ) -> Iterator[list[dict]]:
     """One row per input record, in reading order, a chunk at a time: each record fails alone, none is dropped.
 
@@ -350,22 +381,26 @@ def iter_catalog_chunks(
     file is also read and parsed there, a range of lines each (RANGE_READING_MIN_BYTES), other
     sources are read here. Duplicate ids are found here. The rows are the same as with one process.
     `validator` then only gathers the workers' counts and checks. Images are checked against the
-    source's `max_image_pixels`.
+    source's `max_image_pixels`. Of a JSON-lines source, only `part` is read (default: all of it);
+    its `survey` is set once the rows start coming.
     """
     validator.max_image_pixels = source.max_image_pixels
     log = validator.check_log
     settings = (source, text_key, validator.num_frames, log.path if log else None, validator.mosaic_spool)
-    range_bytes = _read_in_ranges(source, processes)
+    if part is None and is_json_lines(source):
+        part = JsonlPart()
+    range_bytes = _read_in_ranges(source, processes, part)
     if range_bytes:
-        results = _rows_read_in_ranges(source, range_bytes, processes, settings)
+        results = _rows_read_in_ranges(source, part, range_bytes, processes, settings)
     else:
-        chunks = _chunked_by_work(_with_duplicates_marked(read_source(source)), chunk_work)
+        records = _part_records(source, part) if part is not None else read_source(source)
+        chunks = _chunked_by_work(_with_duplicates_marked(records, part.seen if part is not None else {}), chunk_work)
         # Worker processes cost a start-up each; a source of one chunk is done here.
         opening = list(itertools.islice(chunks, 2))
         chunks = itertools.chain(opening, chunks)
         if processes <= 1 or len(opening) < 2:
             for chunk in chunks:
-                yield [_row(raw, source.name, text_key, validator) for raw in chunk]
+                yield [catalog_row(raw, source.name, text_key, validator) for raw in chunk]
             return
         results = ordered_map(_checked_chunk, chunks, processes, _start_chunk_worker, settings)
     for rows, used, decoded, remembered in results:

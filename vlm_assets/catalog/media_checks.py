@@ -54,6 +54,19 @@ class MediaCheckLog:
         self._passed[ref] = fingerprint
         self._used[ref] = fingerprint
 
+    def keep_unchanged(self) -> str:
+        """Every remembered pass whose file is unchanged counts as used by this build (its rows are
+        kept, not checked again); returns the first whose file changed or vanished, or ""."""
+        for ref, fingerprint in self._passed.items():
+            check = fingerprint.split(":", 2)[2]
+            try:
+                if media_fingerprint(ref, check) != fingerprint:
+                    return ref
+            except OSError:
+                return ref
+            self._used[ref] = fingerprint
+        return ""
+
     def take_used(self) -> dict[str, str]:
         """The checks passed or remembered since the last call."""
         used, self._used = self._used, {}

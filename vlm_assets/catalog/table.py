@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
-from vlm_assets.catalog.build import CATALOG_CHUNK_WORK, MediaValidator, iter_catalog_chunks
+from vlm_assets.catalog.appending import AppendRefused, FileMark, mark_of, plan_extension
+from vlm_assets.catalog.build import CATALOG_CHUNK_WORK, JsonlPart, MediaValidator, is_json_lines, iter_catalog_chunks
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK
 from vlm_assets.config import SourceConfig
 from vlm_assets.wording import shortened
@@ -29,6 +30,7 @@ CATALOG_SCHEMA = pa.schema([
 ])
 # Rows per parquet row group: chunks are small (they balance the workers), row groups need not be.
 ROWS_PER_WRITE = 8192
+SUMMARY_COLUMNS = ["status", "reason", "media_type", "n_turns"]
 REASON_CHARS = 120
 # A reason ends with where the sample came from ("[file:line]"); the UI groups reasons without it.
 _ORIGIN_SUFFIX = re.compile(r"\s*\[.*\]$")
@@ -45,6 +47,8 @@ class CatalogSummary:
     multi_turn: int = 0  # ok samples with more than one user/assistant exchange
     media_types: Counter[str] = field(default_factory=Counter)  # of the ok samples
     reject_reasons: Counter[str] = field(default_factory=Counter)  # by reason_kind
+    kept: int = 0  # rows kept from the last build (lines appended to a JSON-lines source)
+    read_in_full: str = ""  # why a JSON-lines source was not read as appended lines only
 
     @property
     def rejected(self) -> int:
@@ -103,31 +107,41 @@ def write_catalog(
     progress: Callable[[int], None] | None = None,
     chunk_work: int = CATALOG_CHUNK_WORK,
     excluded: Iterable[Path] = (),
+    read_mark: Path | None = None,
+    settings: str = "",
 ) -> CatalogSummary:
     """Build `source`'s catalogue into `target` (atomically). `progress(rows so far)` after each write.
 
     The validator's check log, if any, is compacted to this build's media once the catalogue is written.
     A source whose files change or vanish while it is read raises SourceChangedError and publishes
-    nothing; `excluded` trees (the storage root, the config) are not part of it.
+    nothing; `excluded` trees (the storage root, the config) are not part of it. With a `read_mark`
+    path, a JSON-lines source's catalogue is extended by its appended lines when it can be
+    (vlm_assets.catalog.appending, under the reading `settings`) and the mark is written after.
     """
     summary = CatalogSummary()
-    pending: list[dict] = []
     if not source.path.exists():
         raise SourceChangedError(f"source {source.name!r}: {source.path} does not exist (any more)")
     before = source_snapshot(source, excluded)
+    extension, part, mark = None, None, None
+    if read_mark is not None and is_json_lines(source):
+        try:
+            extension = plan_extension(source, target, read_mark, settings, text_key, validator)
+        except AppendRefused as refused:
+            summary.read_in_full = str(refused)
+        part = extension.part if extension else JsonlPart()
     try:
         with atomic_path(target) as tmp:
             with pq.ParquetWriter(tmp, CATALOG_SCHEMA) as writer:
-                for rows in iter_catalog_chunks(source, text_key, validator, processes, chunk_work):
-                    pending.extend(rows)
-                    summary.add(rows)
-                    if len(pending) >= ROWS_PER_WRITE:
-                        writer.write_table(pa.Table.from_pylist(pending, schema=CATALOG_SCHEMA))
-                        pending = []
-                        if progress:
-                            progress(summary.samples)
-                if pending:
-                    writer.write_table(pa.Table.from_pylist(pending, schema=CATALOG_SCHEMA))
+                groups = _RowGroups(writer, summary, progress)
+                if extension:
+                    for table in _kept_tables(target, extension.rechecked):
+                        groups.add(table)
+                    summary.kept = extension.kept_rows
+                for rows in iter_catalog_chunks(source, text_key, validator, processes, chunk_work, part):
+                    groups.add(pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA))
+                groups.close()
+            if part is not None:
+                mark = mark_of(source, part, summary.samples, settings, FileMark.of(tmp).sha256)
             # Rows read from a source that moved under us would be a partial catalogue that looks complete.
             after = source_snapshot(source, excluded) if source.path.exists() else None
             if after != before:
@@ -140,4 +154,62 @@ def write_catalog(
             validator.check_log.close()
     if validator.check_log is not None:
         validator.check_log.compact()
+    if read_mark is not None:
+        # Written after the catalogue: a mark naming another catalogue's digest is never used.
+        if mark is not None:
+            mark.save(read_mark)
+        else:
+            read_mark.unlink(missing_ok=True)
     return summary
+
+
+class _RowGroups:
+    """Writes rows in row groups of exactly ROWS_PER_WRITE rows (the last one shorter), whatever
+    chunks they come in: a catalogue's bytes depend on its rows only, read by one process or
+    several, in full or extended."""
+
+    def __init__(self, writer: pq.ParquetWriter, summary: CatalogSummary, progress: Callable[[int], None] | None) -> None:
+        self.writer, self.summary, self.progress = writer, summary, progress
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        self.summary.add(table.select(SUMMARY_COLUMNS).to_pylist())
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        if self.pending_rows < ROWS_PER_WRITE:
+            return
+        rows = pa.concat_tables(self.pending)
+        whole = rows.num_rows - rows.num_rows % ROWS_PER_WRITE
+        for start in range(0, whole, ROWS_PER_WRITE):
+            self._write(rows.slice(start, ROWS_PER_WRITE))
+        rest = rows.slice(whole)
+        self.pending, self.pending_rows = [rest], rest.num_rows
+        if self.progress:
+            self.progress(self.summary.samples)
+
+    def close(self) -> None:
+        if self.pending_rows:
+            self._write(pa.concat_tables(self.pending))
+        self.pending, self.pending_rows = [], 0
+
+    def _write(self, rows: pa.Table) -> None:
+        # Contiguous columns: where a column's dictionary fills up and its pages end depends on the
+        # batches it is written in, so rows arriving in other chunks would give other bytes.
+        self.writer.write_table(rows.combine_chunks(), row_group_size=ROWS_PER_WRITE)
+
+
+def _kept_tables(catalog: Path, rechecked: dict[int, dict]) -> Iterator[pa.Table]:
+    """The catalogue's rows a row group at a time, the `rechecked` ones (row index -> row) replaced."""
+    file = pq.ParquetFile(catalog)
+    start = 0
+    for group in range(file.num_row_groups):
+        table = file.read_row_group(group).cast(CATALOG_SCHEMA)
+        replaced = [index for index in rechecked if start <= index < start + table.num_rows]
+        if replaced:
+            rows = table.to_pylist()
+            for index in replaced:
+                rows[index - start] = rechecked[index]
+            table = pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA)
+        yield table
+        start += table.num_rows

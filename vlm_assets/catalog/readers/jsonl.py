@@ -82,12 +82,13 @@ class LineRange:
 READ_BLOCK = 16 << 20
 
 
-def line_ranges(path: Path, target_bytes: int) -> Iterator[LineRange]:
-    """The file cut into ranges of whole lines, each ending at the first line end past a multiple of
-    `target_bytes` from its start, read once at disk speed (lines are counted, not parsed)."""
-    start, first_line = 0, 1
-    position, line = 0, 1  # bytes before the block; number of the line the block starts in
+def line_ranges(path: Path, target_bytes: int, start: int = 0, first_line: int = 1) -> Iterator[LineRange]:
+    """The file from byte `start` (line `first_line`) cut into ranges of whole lines, each ending at
+    the first line end past a multiple of `target_bytes` from its start, read once at disk speed
+    (lines are counted, not parsed)."""
+    position, line = start, first_line  # bytes before the block; number of the line the block starts in
     with open(path, "rb") as handle:
+        handle.seek(start)
         while block := handle.read(READ_BLOCK):
             cursor = 0
             while (wanted := start + target_bytes - position) < len(block):
@@ -104,9 +105,15 @@ def line_ranges(path: Path, target_bytes: int) -> Iterator[LineRange]:
         yield LineRange(start, position, first_line)
 
 
-def survey_range(source: SourceConfig, lines: LineRange) -> IdSurvey:
+def survey_range(source: SourceConfig, lines: LineRange, count_all: bool = True) -> IdSurvey:
     limits = RecordLimits.of(source)
-    return IdSurvey.of(entry[2] for entry in _jsonl_entries(real_path(source.path), limits, lines))
+    return IdSurvey.of((entry[2] for entry in _jsonl_entries(real_path(source.path), limits, lines)), count_all)
+
+
+def entries_at_lines(source: SourceConfig, lines: LineRange, wanted: set[int]) -> Iterator[_Entry]:
+    """The entries (origin, locator, record, reason it is unreadable or "") of the `wanted` line
+    numbers of `lines`; the other lines are skipped unparsed."""
+    yield from _jsonl_entries(real_path(source.path), RecordLimits.of(source), lines, wanted)
 
 
 def read_jsonl_range(source: SourceConfig, scope: SourceScope, lines: LineRange, first_number: int,
@@ -128,8 +135,11 @@ def _array_entries(path: Path, limits: RecordLimits) -> Iterator[_Entry]:
         yield f"{path}[{element.index}]", f"element-{element.index}", element.record, element.error
 
 
-def _jsonl_entries(path: Path, limits: RecordLimits, lines: LineRange | None = None) -> Iterator[_Entry]:
+def _jsonl_entries(path: Path, limits: RecordLimits, lines: LineRange | None = None,
+                   wanted: set[int] | None = None) -> Iterator[_Entry]:
     for number, line, error in _jsonl_lines(path, limits, lines):
+        if wanted is not None and number not in wanted:
+            continue
         origin = f"{path}:{number}"
         record, error = (None, error) if line is None else parse_bytes(line, origin, limits)
         yield origin, f"line-{number}", record, error

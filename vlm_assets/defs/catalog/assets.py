@@ -9,6 +9,7 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 
+from vlm_assets.catalog.appending import reading_settings
 from vlm_assets.catalog.build import MediaValidator
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
@@ -84,10 +85,16 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
             source, path, app.sample.text_key, validator, step_processes(),
             progress=lambda n: (context.log.info(f"{plural(n, 'record')} catalogued"), progress.update(n)),
             excluded=[app.storage_root, app.path],
+            read_mark=vlm_config.layout.catalog_read_mark(source.name),
+            settings=reading_settings(source, fingerprints.versions["sample_catalog"]),
         )
         chunks = plan_chunks(path, source.chunk_rows)
         chunks.save(vlm_config.layout.chunk_plan(source.name))
     _register_chunk_indices(context.instance, len(chunks))
+    if summary.kept:
+        context.log.info(f"{source.name}: kept the {plural(summary.kept, 'row')} read before; read only the appended lines")
+    elif summary.read_in_full:
+        context.log.info(f"{source.name}: read in full: {summary.read_in_full}")
     context.log.info(
         f"{source.name}: {summary.ok} ok, {summary.rejected} rejected -> {path} "
         f"({validator.decoded} media decoded, {validator.remembered} unchanged since their last check)"
@@ -100,6 +107,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         "media_type_counts": dg.MetadataValue.json(dict(summary.media_types.most_common())),
         "rejects_by_reason": dg.MetadataValue.md(reason_table_md(summary.reject_reasons)),
         "multi_turn_samples": summary.multi_turn,
+        "rows_kept": summary.kept,
         "media_decoded": validator.decoded,
         "media_unchanged_since_last_check": validator.remembered,
         "length_chunks": len(chunks),

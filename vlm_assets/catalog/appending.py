@@ -1,0 +1,177 @@
+"""Lines appended to a JSON-lines source: its catalogue is extended by reading only them.
+
+After each build of a JSON-lines source, a read mark beside the catalogue records what was read:
+the file's length, digest and lines, its records and how they were named, the reading settings and
+the catalogue's own digest. When the file next starts with exactly those bytes, the settings are the
+same and every media file the kept rows rely on is unchanged, the earlier rows are kept as they are,
+the earlier rejects are checked again (a missing image may have arrived since) and only the new
+lines are read. The catalogue is then the one a full read gives, byte for byte; whenever that cannot
+be shown, the source is read in full and `AppendRefused` says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from vlm_assets.atomic import atomic_write_text
+from vlm_assets.catalog.build import JsonlPart, MediaValidator, catalog_row, is_json_lines
+from vlm_assets.catalog.media_resolution import FileResolver, SourceScope, real_path
+from vlm_assets.catalog.readers.jsonl import IdSurvey, LineRange, entries_at_lines, survey_range
+from vlm_assets.catalog.readers.raw_record import RawRecord
+from vlm_assets.catalog.schema import STATUS_OK
+from vlm_assets.config import SourceConfig
+
+MARK_FORMAT = 1
+_HASH_BLOCK = 8 << 20
+# A reject with this reason depends only on the ids before it, which are kept: it is not checked again.
+_DUPLICATE_REASON = "duplicate sample id "
+
+
+def reading_settings(source: SourceConfig, catalog_version: str) -> str:
+    """What the rows of a source's records depend on besides its files: the catalogue's code and
+    global settings (`catalog_version`) and the source's own reading settings."""
+    settings = [MARK_FORMAT, catalog_version, source.kind, str(source.path), str(source.media_root),
+                sorted(str(root) for root in source.allowed_roots), source.max_record_bytes, source.max_json_depth,
+                source.max_image_pixels]
+    return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class FileMark:
+    """A file's length, sha256 and newline count, read once."""
+
+    bytes: int
+    sha256: str
+    lines: int
+    ends_with_newline: bool
+
+    @classmethod
+    def of(cls, path: Path, stop: int | None = None) -> FileMark:
+        """Of the file's first `stop` bytes (default: all of it)."""
+        digest, size, lines, last = hashlib.sha256(), 0, 0, b""
+        with open(path, "rb") as handle:
+            while stop is None or size < stop:
+                block = handle.read(_HASH_BLOCK if stop is None else min(_HASH_BLOCK, stop - size))
+                if not block:
+                    break
+                digest.update(block)
+                size, lines, last = size + len(block), lines + block.count(b"\n"), block[-1:]
+        return cls(size, digest.hexdigest(), lines, last == b"\n")
+
+
+@dataclass(frozen=True)
+class ReadMark:
+    """What a build of a JSON-lines source's catalogue read (see the module's docstring)."""
+
+    settings: str
+    bytes: int
+    sha256: str
+    lines: int
+    records: int
+    has_objects: bool
+    all_have_ids: bool
+    catalog_sha256: str
+
+    def save(self, path: Path) -> None:
+        atomic_write_text(path, json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> ReadMark | None:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    @property
+    def survey(self) -> IdSurvey:
+        return IdSurvey(self.records, self.has_objects, self.all_have_ids)
+
+
+class AppendRefused(Exception):
+    """Why a catalogue is read in full rather than extended."""
+
+
+@dataclass
+class Extension:
+    """How to extend a catalogue: keep its first `kept_rows` rows, with `rechecked` ones (row index
+    -> row) replaced, then read `part`."""
+
+    part: JsonlPart
+    kept_rows: int
+    rechecked: dict[int, dict]
+
+
+def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, settings: str, text_key: str,
+                   validator: MediaValidator) -> Extension:
+    """How `catalog` extends to `source`'s appended lines; raises AppendRefused when it does not.
+
+    Checks the media the kept rows rely on (recording them as used in the validator's check log)
+    and the earlier rejects again, so it is called while the catalogue is being rebuilt.
+    """
+    mark = ReadMark.load(mark_path)
+    if mark is None:
+        raise AppendRefused("no read mark from an earlier build")
+    if not is_json_lines(source):
+        raise AppendRefused("not a JSON-lines file")
+    if mark.settings != settings:
+        raise AppendRefused("the reading settings changed")
+    if validator.check_log is None:
+        raise AppendRefused("no media check log")
+    path = real_path(source.path)
+    size = path.stat().st_size
+    if size <= mark.bytes:
+        raise AppendRefused(f"the file is not longer than the {mark.bytes} bytes read before")
+    if FileMark.of(path, mark.bytes).sha256 != mark.sha256:
+        raise AppendRefused(f"its first {mark.bytes} bytes (read before) changed")
+    if not catalog.is_file() or FileMark.of(catalog).sha256 != mark.catalog_sha256:
+        raise AppendRefused("the catalogue is not the one the mark was written with")
+    part = JsonlPart(mark.bytes, mark.lines + 1, mark.records + 1, mark.survey)
+    added = survey_range(source, part.lines(source), count_all=False)
+    if (mark.survey + added).use_ids != mark.survey.use_ids:
+        raise AppendRefused("the appended records change how all records are named (by id or by number)")
+    changed = validator.check_log.keep_unchanged()
+    if changed:
+        raise AppendRefused(f"media checked before changed: {changed}")
+    table = pq.read_table(catalog, columns=["sample_id", "origin", "status", "reason"])
+    if table.num_rows != mark.records:
+        raise AppendRefused("the catalogue's rows differ from the records read")
+    part.seen = dict(zip(table.column("sample_id").to_pylist(), table.column("origin").to_pylist()))
+    rechecked = _rejects_checked_again(source, mark, table, text_key, validator)
+    return Extension(part, table.num_rows, rechecked)
+
+
+def _rejects_checked_again(source: SourceConfig, mark: ReadMark, table, text_key: str,
+                           validator: MediaValidator) -> dict[int, dict]:
+    """Each earlier reject (but duplicates) read and checked again: row index -> its row now."""
+    rows: dict[int, tuple[int, str]] = {}  # line -> (row index, sample id)
+    for index, (sample_id, origin, status, reason) in enumerate(zip(*(column.to_pylist() for column in table.columns))):
+        if status != STATUS_OK and not reason.startswith(_DUPLICATE_REASON):
+            rows[int(origin.rsplit(":", 1)[1])] = (index, sample_id)
+    if not rows:
+        return {}
+    scope = SourceScope(source)
+    resolver = FileResolver(source.name, scope, [scope.media_root])
+    rechecked = {}
+    for origin, _locator, record, error in entries_at_lines(source, LineRange(0, mark.bytes, 1), set(rows)):
+        index, sample_id = rows[int(origin.rsplit(":", 1)[1])]
+        rechecked[index] = catalog_row(RawRecord(sample_id, origin, record, resolver, error), source.name, text_key,
+                                       validator)
+    if len(rechecked) != len(rows):
+        raise AppendRefused("earlier rejects could not be found at their lines")
+    return rechecked
+
+
+def mark_of(source: SourceConfig, part: JsonlPart, records: int, settings: str, catalog_sha256: str) -> ReadMark | None:
+    """The read mark of a build that read `part` to the end of the file, or None when the file does
+    not end with a whole line (a line still being written may go on)."""
+    file = FileMark.of(real_path(source.path))
+    if not file.ends_with_newline or part.survey is None:
+        return None
+    survey = part.survey
+    return ReadMark(settings, file.bytes, file.sha256, file.lines, records, survey.has_objects, survey.all_have_ids,
+                    catalog_sha256)

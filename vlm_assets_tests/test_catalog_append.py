@@ -1,0 +1,131 @@
+"""Lines appended to a JSON-lines source: the catalogue keeps the rows read before and reads only the
+new lines, giving the bytes a full read gives; whatever it cannot prove unchanged is read in full."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from vlm_assets.catalog.build import MediaValidator
+from vlm_assets.catalog.media_checks import MediaCheckLog
+from vlm_assets.catalog.table import ROWS_PER_WRITE, write_catalog
+from vlm_assets.config import SourceConfig
+
+SETTINGS = "catalogue settings"
+
+
+def _words(seed: int) -> str:
+    # Long, varied texts: the messages column's dictionary fills up, so page boundaries matter.
+    rng = random.Random(seed)
+    return " ".join(rng.choice(["why", "sky", "blue", "light", "scatter"]) for _ in range(rng.randint(1, 80)))
+
+
+def _lines(first: int, count: int, ids: bool = True) -> str:
+    lines = []
+    for number in range(first, first + count):
+        record = {"messages": [{"role": "user", "content": "<image>what " * (number % 2) + f"q{number}"},
+                               {"role": "assistant", "content": _words(number)}],
+                  "images": ["a.jpg"] * (number % 2)}
+        if ids:
+            record["id"] = f"r{number % 9000}"  # records from 9,000 on repeat earlier ids: rejected duplicates
+        lines.append(json.dumps(record))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def source(tmp_path) -> SourceConfig:
+    Image.new("RGB", (40, 30), (1, 2, 3)).save(tmp_path / "a.jpg")
+    body = _lines(0, 10_000).splitlines()
+    body[5] = json.dumps({"id": "late", "messages": [{"role": "user", "content": "<image>"}], "images": ["late.jpg"]})
+    body[7] = "{not json"
+    body[8] = ""  # a blank line: not a record
+    (tmp_path / "train.jsonl").write_text("\n".join(body) + "\n")
+    return SourceConfig("train", "jsonl", tmp_path / "train.jsonl", tmp_path)
+
+
+def _build(source: SourceConfig, target: Path, processes: int = 1, mark: bool = True):
+    checks = MediaCheckLog(target.with_suffix(".checks.jsonl"))
+    return write_catalog(source, target, "messages", MediaValidator(check_log=checks), processes,
+                         read_mark=target.with_suffix(".read.json") if mark else None, settings=SETTINGS)
+
+
+def _full_read(source: SourceConfig, tmp_path: Path) -> bytes:
+    _build(source, tmp_path / "full.parquet", mark=False)
+    return (tmp_path / "full.parquet").read_bytes()
+
+
+def test_appended_lines_alone_are_read_and_the_catalogue_is_the_full_reads(source, tmp_path):
+    catalog = tmp_path / "catalog.parquet"
+    first = _build(source, catalog)
+    assert first.kept == 0 and first.read_in_full == "no read mark from an earlier build"
+    assert first.samples == 9_999
+    # The image a kept reject named arrives with the new lines: that reject is checked again.
+    Image.new("RGB", (40, 30), (9, 9, 9)).save(tmp_path / "late.jpg")
+    with source.path.open("a") as handle:
+        handle.write(_lines(10_000, 600))
+    extended = _build(source, catalog, processes=2)
+    assert extended.kept == 9_999 and extended.read_in_full == ""
+    # Bad JSON; then duplicates: r9000–r9999 but the ids of lines 5, 7 and 8, and all 600 new lines.
+    assert extended.samples == 10_599 and extended.rejected == 1 + 997 + 600
+    assert catalog.read_bytes() == _full_read(source, tmp_path)
+    assert ROWS_PER_WRITE < extended.samples  # the kept rows spanned whole row groups and a partial one
+
+    # A second append extends the extended catalogue.
+    with source.path.open("a") as handle:
+        handle.write(_lines(20_000, 10))
+    assert _build(source, catalog).kept == 10_599
+    assert catalog.read_bytes() == _full_read(source, tmp_path)
+
+
+def _edit_first_line(source: SourceConfig, tmp_path: Path) -> None:
+    text = source.path.read_text()
+    source.path.write_text(text.replace("q0", "Q0", 1) + _lines(10_000, 5))
+
+
+def _change_an_image(source: SourceConfig, tmp_path: Path) -> None:
+    Image.new("RGB", (40, 30), (200, 0, 0)).save(tmp_path / "a.jpg")
+    os.utime(tmp_path / "a.jpg", ns=(1, 1))
+    with source.path.open("a") as handle:
+        handle.write(_lines(10_000, 5))
+
+
+def _append_records_without_ids(source: SourceConfig, tmp_path: Path) -> None:
+    with source.path.open("a") as handle:
+        handle.write(_lines(10_000, 5, ids=False))
+
+
+def _append_half_a_line(source: SourceConfig, tmp_path: Path) -> None:
+    with source.path.open("a") as handle:
+        handle.write('{"id": "half", "messages": [')
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (_edit_first_line, "bytes (read before) changed"),
+    (_change_an_image, "media checked before changed: "),
+    (_append_records_without_ids, "change how all records are named"),
+])
+def test_a_catalogue_that_cannot_be_extended_is_read_in_full_and_says_why(source, tmp_path, change, reason):
+    catalog = tmp_path / "catalog.parquet"
+    _build(source, catalog)
+    change(source, tmp_path)
+    rebuilt = _build(source, catalog)
+    assert rebuilt.kept == 0 and reason in rebuilt.read_in_full
+    assert catalog.read_bytes() == _full_read(source, tmp_path)
+
+
+def test_a_file_ending_in_part_of_a_line_leaves_no_mark_and_is_read_in_full_next_time(source, tmp_path):
+    catalog = tmp_path / "catalog.parquet"
+    _build(source, catalog)
+    _append_half_a_line(source, tmp_path)
+    cut = _build(source, catalog)
+    assert cut.kept == 9_999 and not catalog.with_suffix(".read.json").exists()
+    with source.path.open("a") as handle:
+        handle.write('{"role": "user", "content": "hi"}]}\n')
+    whole = _build(source, catalog)
+    assert whole.kept == 0 and whole.read_in_full == "no read mark from an earlier build"
+    assert catalog.read_bytes() == _full_read(source, tmp_path)
