@@ -13,6 +13,7 @@ import yaml
 
 from vlm_assets.packing.energon_loader import load_all_ids
 from vlm_assets.packing.plan import PackingInputError, plan_packing
+from vlm_assets.packing.records import kept_records
 from vlm_assets.packing.wds import list_shards
 from vlm_assets_tests.run_support import run
 
@@ -62,6 +63,7 @@ def test_appended_records_go_into_new_shards_and_the_old_shards_keep_their_bytes
     assert first.returncode == 0, first.stdout[-3000:]
     before = {path.name: (path.read_bytes(), os.stat(path).st_mtime_ns) for path in list_shards(shards_dir)}
     first_bins = pd.read_parquet(tmp_path / "vlm_data" / "packing" / "chat.bins.parquet")
+    first_records = (tmp_path / "vlm_data" / "packed_json" / "chat.jsonl").read_bytes()
     assert len(before) >= 2
 
     with manifest.open("a") as appended:
@@ -80,6 +82,28 @@ def test_appended_records_go_into_new_shards_and_the_old_shards_keep_their_bytes
     assert len(packed) == len(bins) and sorted(load_all_ids(shards_dir)) == sorted(packed)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         metadata = instance.get_latest_materialization_event(dg.AssetKey("packed_wds_shards")).asset_materialization.metadata
-    assert metadata["shards_kept"].value == len(before) and metadata["shards"].value == len(after) - len(before)
+        assert metadata["shards_kept"].value == len(before) and metadata["shards"].value == len(after) - len(before)
+        # Only the new lines were catalogued, only the new bins' records built.
+        catalogue = instance.get_latest_materialization_event(dg.AssetKey("sample_catalog")).asset_materialization.metadata
+        assert catalogue["rows_kept"].value == 120
+        records = instance.get_latest_materialization_event(dg.AssetKey("packed_json")).asset_materialization.metadata
+        assert records["records_kept"].value == len(first_bins) and records["records"].value == len(bins)
+    assert (tmp_path / "vlm_data" / "packed_json" / "chat.jsonl").read_bytes().startswith(first_records)
     samples = sum(len(ids) for ids in bins["sample_ids"])
     assert samples == 180  # every record of the source is packed once
+
+
+def test_packed_records_are_kept_only_when_they_are_the_first_bins_records(tmp_path):
+    bins = [(0, ["a", "b"], [1, 2]), (1, ["c"], [3]), (2, ["d"], [4])]
+    path = tmp_path / "chat.jsonl"
+
+    def write(*records: tuple[int, list[str]], end: str = "\n") -> int:
+        path.write_text("".join(json.dumps({"id": f"chat_ps_{bin_id:08d}", "sample_ids": ids}) + "\n"
+                                for bin_id, ids in records).rstrip("\n") + end)
+        return kept_records(path, bins, "chat")
+
+    assert write((0, ["a", "b"]), (1, ["c"])) == 2
+    assert write((0, ["a", "b"]), (1, ["c", "x"])) == 0  # another bin's records
+    assert write((0, ["a", "b"]), (2, ["d"])) == 0
+    assert write((0, ["a", "b"]), (1, ["c"]), (2, ["d"]), (3, ["e"])) == 0  # more records than bins
+    assert write((0, ["a", "b"]), (1, ["c"]), end="") == 0  # its last line cut short

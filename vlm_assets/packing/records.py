@@ -157,6 +157,26 @@ def write_packed_jsonl(
     return count
 
 
+def kept_records(path: Path, bins: Iterable[PackedBin], source: str) -> int:
+    """packing.mode append: how many records `path` (packed JSON an earlier build wrote) holds when
+    they are the records of the first bins (each line's id and sample ids those of its bin), so it
+    is kept and only the later bins' records are built; 0 when it is not (it is then rebuilt)."""
+    count = 0
+    with open(path, "rb") as handle:
+        bins = iter(bins)
+        for line in handle:
+            packed_bin = next(bins, None)
+            try:
+                record = json.loads(line)
+            except ValueError:
+                return 0
+            if packed_bin is None or not line.endswith(b"\n") or record.get("id") != record_id(source, int(packed_bin[0])) \
+                    or record.get("sample_ids") != list(packed_bin[1]):
+                return 0
+            count += 1
+    return count
+
+
 def _bin_chunks(bins: Iterable[PackedBin]) -> Iterator[list[PackedBin]]:
     chunk: list[PackedBin] = []
     samples = 0

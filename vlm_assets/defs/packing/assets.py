@@ -1,5 +1,6 @@
 """Packing lineage: bins → packed JSON → WebDataset shards → Energon dataset (per source) → training mix."""
 
+import itertools
 import shutil
 import threading
 import time
@@ -31,7 +32,7 @@ from vlm_assets.packing.mix import (
     write_metadataset,
 )
 from vlm_assets.packing.plan import fill_ratio, iter_bins, plan_packing, read_bins
-from vlm_assets.packing.records import RECORD_COLUMNS, write_packed_jsonl
+from vlm_assets.packing.records import RECORD_COLUMNS, kept_records, write_packed_jsonl
 from vlm_assets.packing.report import fill_summary_md, reject_counts_md
 from vlm_assets.packing.wds import list_shards, write_shards_from_jsonl
 from vlm_assets.parallel import step_processes
@@ -117,13 +118,22 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
     path = layout.packed_json(source)
     sample_type = app.sample_type_of(vlm_config.source(source))
     processes = step_processes()
+    bins_path = layout.bins(source)
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
+        # packing.mode append: the records of the bins kept first are kept as they are (their shards are too).
+        kept = kept_records(path, iter_bins(bins_path), source) if app.packing.mode == "append" and path.is_file() else 0
         with SampleLookup(layout.catalog(source), RECORD_COLUMNS, near=path) as samples, atomic_open(path, "wb") as handle:
-            count = write_packed_jsonl(source, iter_bins(layout.bins(source)), samples, sample_type, handle, processes)
-    context.log.info(f"{source}: {count} packed records -> {path}" + (f" ({processes} processes)" if processes > 1 else ""))
+            if kept:
+                with open(path, "rb") as earlier:
+                    shutil.copyfileobj(earlier, handle)
+            count = kept + write_packed_jsonl(source, itertools.islice(iter_bins(bins_path), kept, None), samples,
+                                              sample_type, handle, processes)
+    context.log.info(f"{source}: {count} packed records -> {path}" + (f" ({kept} kept)" if kept else "")
+                     + (f" ({processes} processes)" if processes > 1 else ""))
     return dg.MaterializeResult(**versioned({
         "path": dg.MetadataValue.path(str(path)),
         "records": count,
+        "records_kept": kept,
         "sample_type": sample_type,
         "processes": processes,
     }, fingerprint))
