@@ -7,11 +7,13 @@ conversations, one image per sample) as a jsonl manifest, built to its Energon d
 `vlm-assets run --workers N --select energon_dataset` on three sites, then --append-share more
 records appended to the manifest and each site built again:
 
-  before   packing.mode full, its measured length chunks deleted before the rebuild: what the
-           rebuild cost before length chunks were kept (every sample measured again, every shard
-           rewritten)
-  full     packing.mode full: only the length chunks that changed are measured; every shard rewritten
-  append   packing.mode append: also only new bins and new shards; the old shards keep their bytes
+  before   packing.mode full, its catalogue's read mark and measured length chunks deleted before the
+           rebuild: what the rebuild cost before appended lines were read alone and length chunks
+           kept (every record read and every sample measured again, every shard rewritten)
+  full     packing.mode full: only the appended lines are catalogued, only the length chunks that
+           changed are measured; every bin packed again, every shard rewritten
+  append   packing.mode append: also only new bins, their records and new shards; the old shards
+           keep their bytes
 
 Prints, per site, the first build's and the rebuild's wall time, the rebuild's seconds inside each
 asset's runs (from the instance's run records), and how many of the first build's shards the
@@ -36,7 +38,7 @@ from scale import Measured, attribute_time, clean_env, write_source  # noqa: E40
 OUT = ROOT / "bench" / "out" / "append"
 PYTHON = sys.executable
 SITES = ("before", "full", "append")
-STEPS = ("sample_catalog", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards", "energon_dataset")
+STEPS = ("sample_catalog", "sample_length_chunk", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards", "energon_dataset")
 CONFIG = """\
 storage: {{root: {root}}}
 sources:
@@ -97,6 +99,7 @@ def main() -> int:
     for name in SITES:
         site = OUT / "sites" / name
         if name == "before":
+            (site / "vlm_data" / "catalog" / "images.read.json").unlink()
             shutil.rmtree(site / "vlm_data" / "spool" / "lengths")
         shards_before = shard_times(site)
         with open(site / "images.jsonl", "a", encoding="utf-8") as manifest:
