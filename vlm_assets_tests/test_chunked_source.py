@@ -289,6 +289,8 @@ def test_a_source_cut_into_chunks_measures_them_apart_and_gives_the_one_worker_t
         records = instance.fetch_materializations(dg.AssetKey("sample_length_chunk"), limit=4).records
         assert sorted(record.partition_key for record in records) == [f"0000{index}|chat" for index in range(4)]
         assert all(record.asset_materialization.metadata["rows_reused"].value == 0 for record in records)
+        catalogue = instance.get_latest_materialization_event(dg.AssetKey("sample_catalog")).asset_materialization.metadata
+        assert catalogue["rows_kept"].value == 0  # every record read again
     assert (site / "vlm_data" / "lengths" / "chat.parquet").read_bytes() == appended_table
 
 

@@ -81,11 +81,14 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         # The validating decode also renders each video's frame-cache mosaic, for the plan and shards to take.
         spool = MosaicSpool(vlm_config.layout.mosaic_spool(app.frame_cache), app.frame_cache)
         validator = MediaValidator(app.frame_cache.num_frames, check_log, spool, source.max_image_pixels)
+        read_mark = vlm_config.layout.catalog_read_mark(source.name)
+        if context.run.tags.get(FORCE_TAG) == "true":
+            read_mark.unlink(missing_ok=True)  # `run --force` reads every record again
         summary = write_catalog(
             source, path, app.sample.text_key, validator, step_processes(),
             progress=lambda n: (context.log.info(f"{plural(n, 'record')} catalogued"), progress.update(n)),
             excluded=[app.storage_root, app.path],
-            read_mark=vlm_config.layout.catalog_read_mark(source.name),
+            read_mark=read_mark,
             settings=reading_settings(source, fingerprints.versions["sample_catalog"]),
         )
         chunks = plan_chunks(path, source.chunk_rows)
