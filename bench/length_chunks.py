@@ -87,7 +87,7 @@ def chunks_done(home: Path) -> int:
     if not (home / "dagster.yaml").exists():
         return 0
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        return len(instance.fetch_materializations(CHUNK, limit=100_000).records)
+        return len(instance.fetch_materializations(CHUNK, limit=10_000).records)
 
 
 def one_process(manifest: Path) -> None:
