@@ -83,6 +83,18 @@ class StorageLayout:
         """Token lengths of the source's catalogue chunks measured so far, for a rebuild to reuse (see tokens.table)."""
         return self.root / "spool" / "lengths" / source
 
+    def checked_shards(self, source: str) -> Path:
+        """The source's shards that passed the member check, as they were then (vlm_assets.packing.verify.CheckedShards)."""
+        return self.root / "spool" / "shards" / f"{source}.checked.json"
+
+    def energon_prepared(self, source: str) -> Path:
+        """What the source's last Energon prepare indexed (vlm_assets.packing.energon.PreparedRecord)."""
+        return self.root / "spool" / "energon" / f"{source}.prepared.json"
+
+    def energon_loaded(self, source: str) -> Path:
+        """The index whose every sample the source's load check last loaded (see defs/packing/checks.py)."""
+        return self.root / "spool" / "energon" / f"{source}.loaded.json"
+
     @property
     def packages(self) -> Path:
         return self.root / "packages"

@@ -81,13 +81,26 @@ def test_appended_records_go_into_new_shards_and_the_old_shards_keep_their_bytes
     packed = [json.loads(line)["id"] for line in (tmp_path / "vlm_data" / "packed_json" / "chat.jsonl").read_text().splitlines()]
     assert len(packed) == len(bins) and sorted(load_all_ids(shards_dir)) == sorted(packed)
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        metadata = instance.get_latest_materialization_event(dg.AssetKey("packed_wds_shards")).asset_materialization.metadata
+        written = instance.get_latest_materialization_event(dg.AssetKey("packed_wds_shards"))
+        metadata = written.asset_materialization.metadata
         assert metadata["shards_kept"].value == len(before) and metadata["shards"].value == len(after) - len(before)
+        # The member check read only the new shards: the kept ones passed it before, unchanged since.
+        [members] = instance.all_logs(written.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+        members = members.dagster_event.event_specific_data
+        assert members.passed and members.metadata["shards_read"].value == len(after) - len(before)
         # Only the new lines were catalogued, only the new bins' records built.
         catalogue = instance.get_latest_materialization_event(dg.AssetKey("sample_catalog")).asset_materialization.metadata
         assert catalogue["rows_kept"].value == 120
         records = instance.get_latest_materialization_event(dg.AssetKey("packed_json")).asset_materialization.metadata
         assert records["records_kept"].value == len(first_bins) and records["records"].value == len(bins)
+        # Energon indexed only the new shards, and its load check loaded only their samples.
+        prepared = instance.get_latest_materialization_event(dg.AssetKey("energon_dataset"))
+        energon = prepared.asset_materialization.metadata
+        assert energon["shards_kept"].value == len(before) and energon["samples"].value == len(bins)
+        [check] = instance.all_logs(prepared.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+        evaluation = check.dagster_event.event_specific_data
+        assert evaluation.passed and evaluation.metadata["loaded_from"].value == len(first_bins)
+        assert evaluation.metadata["loaded"].value == len(bins) - len(first_bins)
     assert (tmp_path / "vlm_data" / "packed_json" / "chat.jsonl").read_bytes().startswith(first_records)
     samples = sum(len(ids) for ids in bins["sample_ids"])
     assert samples == 180  # every record of the source is packed once

@@ -23,23 +23,32 @@ PER_SHARD = 5
 SUBFLAVORS = {"sample_type": "packed_vqa", "source": "src"}
 
 
+def write_shard(path: Path, keys: list[str]) -> Path:
+    """A small tar of `<key>.json` records, as the packer writes them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key in keys:
+            data = json.dumps({"id": key, "media_files": []}).encode()
+            member = tarfile.TarInfo(f"{key}.json")
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    return path
+
+
 def write_shards(root: Path) -> tuple[list[Path], list[str]]:
-    """Small tars of `<key>.json` records, as the packer writes them; returns shards and record ids."""
+    """Every source's shards under `root`; returns shards and record ids."""
     shards, ids = [], []
     for source, count in SHARDS.items():
         for number in range(count):
-            path = root / source / f"pretrain-{number:06d}.tar"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-                for index in range(PER_SHARD):
-                    key = f"{source}-{number}-{index}"
-                    data = json.dumps({"id": key, "media_files": []}).encode()
-                    member = tarfile.TarInfo(f"{key}.json")
-                    member.size = len(data)
-                    tar.addfile(member, io.BytesIO(data))
-                    ids.append(key)
-            shards.append(path)
+            keys = [f"{source}-{number}-{index}" for index in range(PER_SHARD)]
+            shards.append(write_shard(root / source / f"pretrain-{number:06d}.tar", keys))
+            ids += keys
     return shards, ids
+
+
+def write_numbered_shards(root: Path, numbers: range) -> list[Path]:
+    """One source's shards `numbers`, shard n holding n + 1 records."""
+    return [write_shard(root / f"pretrain-{n:06d}.tar", [f"s-{n}-{i}" for i in range(n + 1)]) for n in numbers]
 
 
 def metadata_bytes(root: Path) -> dict[str, bytes]:
@@ -82,6 +91,45 @@ def test_changed_shards_change_the_index_uuid(tmp_path):
     before = (tmp_path / ".nv-meta" / "index.uuid").read_bytes()
     prepare_energon_dataset(tmp_path, shards[:-1], SUBFLAVORS)
     assert (tmp_path / ".nv-meta" / "index.uuid").read_bytes() != before
+
+
+def test_appended_shards_are_indexed_alone_and_the_metadata_equals_a_full_prepare(tmp_path):
+    grown, reference_root = tmp_path / "grown", tmp_path / "reference"
+    first = prepare_energon_dataset(grown, write_numbered_shards(grown, range(3)), SUBFLAVORS)
+    assert first.kept_shards == 0 and first.read_in_full == "no earlier prepare recorded"
+    old_indexes = {path: path.stat().st_mtime_ns for path in grown.glob("*.tar.idx")}
+
+    write_numbered_shards(grown, range(3, 5))
+    extended = prepare_energon_dataset(grown, sorted(grown.glob("*.tar")), SUBFLAVORS, previous=first.record)
+    full = prepare_energon_dataset(reference_root, write_numbered_shards(reference_root, range(5)), SUBFLAVORS)
+
+    assert (extended.kept_shards, extended.record.kept_samples, extended.record.extends) == (3, 1 + 2 + 3, first.record.index_uuid)
+    assert metadata_bytes(grown) == metadata_bytes(reference_root)
+    assert extended.sample_count == full.sample_count == 15
+    assert {path: path.stat().st_mtime_ns for path in old_indexes} == old_indexes
+    every_id = [f"s-{n}-{i}" for n in range(5) for i in range(n + 1)]
+    assert sorted(load_all_ids(grown)) == sorted(every_id)
+    assert load_all_ids(grown, start=extended.record.kept_samples) == every_id[6:]
+
+
+def test_entries_are_read_again_when_the_indexed_shards_or_metadata_changed(tmp_path):
+    shards = write_numbered_shards(tmp_path, range(2))
+    first = prepare_energon_dataset(tmp_path, shards, SUBFLAVORS)
+    shards += write_numbered_shards(tmp_path, range(2, 3))
+
+    same = prepare_energon_dataset(tmp_path, shards[:2], SUBFLAVORS, previous=first.record)
+    assert same.read_in_full == "the shards are not the indexed ones followed by new ones"
+    fewer = prepare_energon_dataset(tmp_path, shards[:1], SUBFLAVORS, previous=first.record)
+    assert fewer.read_in_full == "the shards are not the indexed ones followed by new ones"
+    # The metadata in place is now `fewer`'s, not the one `first` recorded.
+    stale = prepare_energon_dataset(tmp_path, shards, SUBFLAVORS, previous=first.record)
+    assert stale.read_in_full == "the Energon metadata in place is not the one last recorded"
+
+    os.utime(shards[0], ns=(0, 0))
+    rewritten = prepare_energon_dataset(tmp_path, [*shards, *write_numbered_shards(tmp_path, range(3, 4))],
+                                        SUBFLAVORS, previous=stale.record)
+    assert (rewritten.kept_shards, rewritten.read_in_full) == (0, "pretrain-000000.tar changed since it was indexed")
+    assert rewritten.sample_count == 1 + 2 + 3 + 4
 
 
 LOADER_AND_PREPARER = textwrap.dedent(

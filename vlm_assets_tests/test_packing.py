@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -47,9 +48,11 @@ from vlm_assets.packing.records import (
     write_jsonl,
 )
 from vlm_assets.packing.verify import (
+    CheckedShards,
+    MemberCheck,
     accounting_problems,
+    check_shard_members,
     oversized_bins,
-    shard_problems,
 )
 from vlm_assets.packing.wds import list_shards, write_shards
 
@@ -318,7 +321,7 @@ def test_shards_hold_original_bytes_split_by_maxcount_and_rerun_is_byte_identica
     out = tmp_path / "mix"
     shards = write_shards(records, out, maxcount=2, maxsize=10**9)
     assert [len(s.keys) for s in shards] == [2] * (len(records) // 2) + ([1] if len(records) % 2 else [])
-    assert shard_problems(list_shards(out), jsonl) == []
+    assert check_shard_members(list_shards(out), jsonl).problems == []
     with tarfile.open(shards[0].path) as archive:
         members = archive.getmembers()
         assert [m.name for m in members] == sorted(m.name for m in members)
@@ -335,7 +338,33 @@ def test_shards_hold_original_bytes_split_by_maxcount_and_rerun_is_byte_identica
     (out / "pretrain-000001.tar.idx").write_bytes(b"stale energon index")
     write_shards(records, out, maxcount=1000, maxsize=10**9)
     assert sorted(_digests(out)) == ["pretrain-000000.tar"]
-    assert shard_problems(list_shards(out), jsonl) == []
+    assert check_shard_members(list_shards(out), jsonl).problems == []
+
+
+def test_shards_checked_before_are_not_read_again_while_they_and_their_records_are_unchanged(mix_layout, tmp_path):
+    jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
+    records = list(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix"))))
+    out = tmp_path / "mix"
+    write_shards(records, out, maxcount=2, maxsize=10**9)
+    shards = list_shards(out)
+    checked = CheckedShards(tmp_path / "checked.json")
+
+    assert check_shard_members(shards, jsonl, checked=checked) == MemberCheck([], len(shards))
+    again = CheckedShards(tmp_path / "checked.json")
+    assert [again.sample_count(shard) for shard in shards] == [2] * (len(records) // 2) + [1] * (len(records) % 2)
+    assert check_shard_members(shards, jsonl, checked=again) == MemberCheck([], 0)
+
+    os.utime(shards[1], ns=(0, 0))  # a shard written again
+    assert check_shard_members(shards, jsonl, checked=again) == MemberCheck([], 1)
+
+    # packed_json's second record names a member its shard does not hold: found, and nothing kept as checked.
+    lines = jsonl.read_bytes().splitlines(keepends=True)
+    record = json.loads(lines[1])
+    record["media_files"].append(["extra.jpg"])
+    jsonl.write_bytes(b"".join([lines[0], (json.dumps(record) + "\n").encode(), *lines[2:]]))
+    failed = check_shard_members(shards, jsonl, checked=again)
+    assert failed.shards_read == 1 and "members differ from their record" in failed.problems[0]
+    assert CheckedShards(tmp_path / "checked.json").entries == {}
 
 
 def test_maxsize_splits_and_no_empty_shards(mix_layout, tmp_path):
@@ -375,7 +404,7 @@ def test_shards_prepared_by_two_processes_are_the_bytes_one_process_writes(mix_l
     assert len(single) > 3 and [shard.keys for shard in several] == [shard.keys for shard in single]
     assert sorted(reported) == sorted(key for shard in single for key in shard.keys)
     assert _digests(two) == _digests(one) == _digests(serial)
-    assert shard_problems(list_shards(two), jsonl, processes=2) == []
+    assert check_shard_members(list_shards(two), jsonl, processes=2).problems == []
 
     # A record whose sample left the catalogue: the error names packed_json's line, from a chunk process too.
     lines = jsonl.read_bytes().splitlines(keepends=True)

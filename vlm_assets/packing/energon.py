@@ -12,6 +12,12 @@ the shards, and its result is then published: each ``.tar.idx`` renamed over the
 old one, and the new ``.nv-meta`` swapped in, so a reader (a training loader, the
 load check, a packager) never sees metadata half written. Identical shards give
 byte-identical metadata, whatever the root directory or the number of workers.
+
+Shards are only ever added after the ones already indexed (``packing.mode: append``), so a
+prepare may keep the live index's entries for the leading shards it recorded (`PreparedRecord`)
+when they are still as they were: Energon's prepare then indexes only the new shards, and their
+entries are added after the kept ones. The result is byte for byte what a prepare over every
+shard gives; only the new shards are read.
 """
 
 from __future__ import annotations
@@ -30,13 +36,15 @@ import sqlite3
 import stat
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from vlm_assets.atomic import atomic_write_text
 from vlm_assets.locks import local_writer_gone, parse_writer_tag, writer_tag
+from vlm_assets.packing.wds import ShardStamp
 
 # Energon's file names, spelled out so that importing this module does not import Energon (and
 # torch, seconds per process); vlm_assets_tests/test_energon_metadata.py checks them against Energon.
@@ -63,10 +71,38 @@ _AT_FDCWD = -100
 
 
 @dataclass(frozen=True)
+class PreparedRecord:
+    """What one prepare published: its index's uuid, the shards it indexed as they were then, and
+    how many of their samples it kept from the index it extended (`extends`, that index's uuid)."""
+
+    index_uuid: str
+    shards: tuple[ShardStamp, ...]
+    samples: int
+    extends: str | None = None
+    kept_samples: int = 0
+
+    def save(self, path: Path) -> None:
+        record = {**asdict(self), "shards": [[s.name, s.size, s.mtime_ns] for s in self.shards]}
+        atomic_write_text(path, json.dumps(record, indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> PreparedRecord | None:
+        """The record at `path`; None when there is none or it cannot be read (a full prepare follows)."""
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            return cls(**{**record, "shards": tuple(ShardStamp(*stamp) for stamp in record["shards"])})
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+
+@dataclass(frozen=True)
 class EnergonDataset:
     root: Path
     shards: tuple[str, ...]  # relative to root
     sample_count: int
+    record: PreparedRecord
+    kept_shards: int = 0
+    read_in_full: str = ""  # why no shard's entries could be kept, when none were
 
     @property
     def meta_dir(self) -> Path:
@@ -74,30 +110,39 @@ class EnergonDataset:
 
 
 def prepare_energon_dataset(
-    root: Path, shards: list[Path], subflavors: Mapping[str, Any], workers: int | None = None
+    root: Path,
+    shards: list[Path],
+    subflavors: Mapping[str, Any],
+    workers: int | None = None,
+    previous: PreparedRecord | None = None,
 ) -> EnergonDataset:
     """Index `shards` (all under `root`) with Energon and publish `root/.nv-meta` and the `.tar.idx` files.
 
     The new metadata replaces the earlier prepare's as a whole, so a shard that went
-    away does not linger in the index. Nothing outside `root` is read or written.
+    away does not linger in the index. With `previous`, the record of the prepare whose
+    metadata is live, the entries of the leading shards it indexed are kept when they
+    still hold (see `keepable_shards`). Nothing outside `root` is read or written.
     """
     if not shards:
         raise ValueError(f"{root}: no packed shards to prepare (did the source reject all of its samples?)")
     from megatron.energon.flavors import BaseWebdatasetFactory
 
     relative = [str(path.relative_to(root)) for path in sorted(shards)]
+    keep, read_in_full = keepable_shards(root, relative, previous) if previous else (0, "no earlier prepare recorded")
     _remove_stale_staging(root)
     staging = _make_staging(root)
     try:
-        _link_shards(root, staging, relative)
+        _link_shards(root, staging, relative[keep:])
         BaseWebdatasetFactory.prepare_dataset(
             staging,
-            relative,
+            relative[keep:],
             split_parts_ratio=[(SPLIT, 1.0), ("val", 0.0), ("test", 0.0)],
             shuffle_seed=None,
-            workers=workers or max(1, min(len(relative), os.cpu_count() or 1)),
+            workers=workers or max(1, min(len(relative) - keep, os.cpu_count() or 1)),
         )
         meta_dir = staging / MAIN_FOLDER_NAME
+        if keep:
+            _add_kept_entries(root / MAIN_FOLDER_NAME, meta_dir, relative, keep)
         _canonicalize_sqlite(meta_dir / INDEX_SQLITE_FILENAME)
         dataset_yaml = {
             "__module__": "megatron.energon",
@@ -105,12 +150,121 @@ def prepare_energon_dataset(
             "subflavors": dict(subflavors),
         }
         (meta_dir / DATASET_YAML).write_text(yaml.safe_dump(dataset_yaml, sort_keys=False), encoding="utf-8")
-        (meta_dir / INDEX_UUID_FILENAME).write_text(str(_content_uuid(root, meta_dir, relative)), encoding="ascii")
-        info = json.loads((meta_dir / INFO_JSON_FILENAME).read_text())
-        _publish(root, staging, relative)
+        index_uuid = str(_content_uuid(root, meta_dir, relative))
+        (meta_dir / INDEX_UUID_FILENAME).write_text(index_uuid, encoding="ascii")
+        counts = json.loads((meta_dir / INFO_JSON_FILENAME).read_text())["shard_counts"]
+        _publish(root, staging, relative[keep:])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return EnergonDataset(root, tuple(relative), int(sum(info["shard_counts"].values())))
+    kept_samples = sum(counts[name] for name in relative[:keep])
+    record = PreparedRecord(
+        index_uuid, tuple(ShardStamp.of(root, name) for name in relative), int(sum(counts.values())),
+        extends=previous.index_uuid if keep and previous else None, kept_samples=kept_samples,
+    )
+    return EnergonDataset(root, tuple(relative), record.samples, record, keep, "" if keep else read_in_full)
+
+
+def live_index_uuid(root: Path) -> str | None:
+    try:
+        return (root / MAIN_FOLDER_NAME / INDEX_UUID_FILENAME).read_text(encoding="ascii")
+    except OSError:
+        return None
+
+
+def first_unloaded_sample(prepared: PreparedRecord | None, live_uuid: str | None, loaded_record: Path) -> int:
+    """Where a load check of the live index must start: past the samples it kept from an index whose
+    every sample a load check already loaded (`loaded_record`, see `record_loaded`), else at 0.
+
+    The kept samples' shards and index entries are unchanged since (`keepable_shards`), so loading
+    them again would prove nothing new.
+    """
+    try:
+        loaded_uuid = json.loads(loaded_record.read_text(encoding="utf-8"))["index_uuid"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    if prepared and prepared.index_uuid == live_uuid and prepared.extends and prepared.extends == loaded_uuid:
+        return prepared.kept_samples
+    return 0
+
+
+def record_loaded(loaded_record: Path, live_uuid: str | None) -> None:
+    """Record that every sample of index `live_uuid` loaded (None: that nothing is known to have)."""
+    if live_uuid is None:
+        loaded_record.unlink(missing_ok=True)
+    else:
+        atomic_write_text(loaded_record, json.dumps({"index_uuid": live_uuid}))
+
+
+def keepable_shards(root: Path, relative: list[str], previous: PreparedRecord) -> tuple[int, str]:
+    """How many leading shards of `relative` keep their entries in the live index; when none, why.
+
+    They do when the live metadata is the one `previous` recorded, the shards it indexed are the
+    first of `relative` with the size and modification time it recorded, and new shards follow them.
+    """
+    from megatron.energon import __version__ as energon_version
+
+    meta_dir = root / MAIN_FOLDER_NAME
+    kept = [stamp.name for stamp in previous.shards]
+    live_uuid = live_index_uuid(root)
+    try:
+        live_info = json.loads((meta_dir / INFO_JSON_FILENAME).read_text())
+    except (OSError, ValueError):
+        return 0, "no readable Energon metadata in place"
+    if live_uuid != previous.index_uuid:
+        return 0, "the Energon metadata in place is not the one last recorded"
+    if live_info.get("energon_version") != energon_version:
+        return 0, f"indexed by Energon {live_info.get('energon_version')}, now {energon_version}"
+    if relative[:len(kept)] != kept or len(relative) == len(kept):
+        return 0, "the shards are not the indexed ones followed by new ones"
+    changed = [name for name, stamp in zip(kept, previous.shards) if _stamp_or_none(root, name) != stamp]
+    if changed:
+        return 0, f"{changed[0]} changed since it was indexed"
+    if not all((root / name).with_suffix(ITAR_SUFFIX).is_file() for name in kept):
+        return 0, "a tar index of the indexed shards is missing"
+    return len(kept), ""
+
+
+def _stamp_or_none(root: Path, name: str) -> ShardStamp | None:
+    try:
+        return ShardStamp.of(root, name)
+    except OSError:
+        return None
+
+
+def _add_kept_entries(live_meta: Path, staged_meta: Path, relative: list[str], keep: int) -> None:
+    """Complete the staged metadata of the new shards (`relative[keep:]`) with the live entries of the first `keep`.
+
+    What Energon writes for all of them: every kept row first, the new shards' rows numbered
+    after the kept shards; the shard counts in shard order; one split naming every shard.
+    """
+    from megatron.energon.bracecollapse import collapse
+
+    staged_index = staged_meta / INDEX_SQLITE_FILENAME
+    combined = staged_meta / f"{INDEX_SQLITE_FILENAME}.combined"
+    shutil.copyfile(live_meta / INDEX_SQLITE_FILENAME, combined)
+    with contextlib.closing(sqlite3.connect(combined)) as index:
+        index.execute("ATTACH DATABASE ? AS added", (str(staged_index),))
+        tables = {row[0] for row in index.execute("SELECT name FROM added.sqlite_master WHERE type = 'table'")}
+        if tables != set(_ROW_ORDER):
+            raise RuntimeError(f"Energon's index has tables {sorted(tables)}; expected {sorted(_ROW_ORDER)}")
+        index.execute(
+            "INSERT INTO main.samples (tar_file_id, sample_key, sample_index, byte_offset, byte_size) "
+            "SELECT tar_file_id + ?, sample_key, sample_index, byte_offset, byte_size FROM added.samples", (keep,))
+        index.execute(
+            "INSERT INTO main.sample_parts (tar_file_id, sample_index, part_name, content_byte_offset, content_byte_size) "
+            "SELECT tar_file_id + ?, sample_index, part_name, content_byte_offset, content_byte_size FROM added.sample_parts",
+            (keep,))
+        index.commit()
+        index.execute("DETACH DATABASE added")
+    shutil.copymode(staged_index, combined)
+    os.replace(combined, staged_index)
+
+    info_path = staged_meta / INFO_JSON_FILENAME
+    live_info, added_info = (json.loads(path.read_text()) for path in (live_meta / INFO_JSON_FILENAME, info_path))
+    live_info["shard_counts"] = {**live_info["shard_counts"], **added_info["shard_counts"]}
+    info_path.write_text(json.dumps(live_info, indent=2))
+    split = {"split_parts": {SPLIT: collapse(relative, keep_order=True), "val": [], "test": []}, "exclude": []}
+    (staged_meta / SPLIT_YAML_FILENAME).write_text(yaml.dump(split, sort_keys=False))
 
 
 def _make_staging(root: Path) -> Path:

@@ -6,11 +6,14 @@ Kept apart from vlm_assets.packing.energon because importing Energon imports tor
 from __future__ import annotations
 
 import json
+import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+
+import yaml
 
 from megatron.energon import (
     Cooker,
@@ -69,17 +72,33 @@ class _CheckEncoder(DefaultTaskEncoder):
         return samples
 
 
-def load_all_ids(root: Path) -> list[str]:
+def load_all_ids(root: Path, start: int = 0) -> list[str]:
     """Load every sample of the prepared dataset through Energon; errors propagate.
 
     Media arrive as their bytes, undecoded: the catalogue already decoded each one, and decoding
     them again here would make the check cost more than the whole packing.
 
+    `start`: load only the samples from that index on, in the dataset's order (shard by shard),
+    through a metadataset that takes that subset of it.
+
     Returns the record ids in load order (one pass, no shuffling, no repeats).
     """
+    if not start:
+        return _load_ids(root)
+    with tempfile.TemporaryDirectory(prefix="vlm-assets-load-") as scratch:
+        view = Path(scratch) / "subset.yaml"
+        view.write_text(yaml.safe_dump({
+            "__module__": "megatron.energon",
+            "__class__": "MetadatasetV2",
+            "splits": {SPLIT: {"path": str(root.absolute()), "subset": {"range": [start, "end"]}}},
+        }, sort_keys=False), encoding="utf-8")
+        return _load_ids(view)
+
+
+def _load_ids(path: Path) -> list[str]:
     worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0, global_error_handler=reraise_exception)
     dataset = get_val_dataset(
-        root,
+        path,
         split_part=SPLIT,
         worker_config=worker_config,
         batch_size=1,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tarfile
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from vlm_assets.atomic import atomic_write_text
+from vlm_assets.packing.wds import ShardStamp, shard_sample_count
 from vlm_assets.parallel import ordered_map
 from vlm_assets.wording import plural
 
@@ -58,38 +62,123 @@ def _member_names(shard: Path) -> list[str]:
         return archive.getnames()
 
 
-def expected_members(jsonl_path: Path) -> dict[str, set[str]]:
-    """For each record id in `packed_json`, the tar member names its sample must have."""
-    expected: dict[str, set[str]] = {}
+@dataclass(frozen=True)
+class CheckedShard:
+    """A shard the member check found holding exactly `records` packed_json lines, as it was then."""
+
+    stamp: ShardStamp
+    records: int
+    lines_sha256: str  # of those lines, in order
+
+
+class CheckedShards:
+    """The shards that passed the member check, kept in a file (at `path`) so that a shard whose
+    bytes (its stamp) and whose packed_json lines are both unchanged is not read again: in
+    `packing.mode: append`, every shard but the new ones.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            entries = json.loads(path.read_text(encoding="utf-8"))
+            self.entries = {e["name"]: CheckedShard(ShardStamp(e["name"], e["size"], e["mtime_ns"]), e["records"],
+                                                    e["lines_sha256"]) for e in entries}
+        except (OSError, ValueError, KeyError, TypeError):
+            self.entries = {}
+
+    def unchanged(self, shard: Path) -> CheckedShard | None:
+        entry = self.entries.get(shard.name)
+        try:
+            return entry if entry and entry.stamp == ShardStamp.of(shard.parent, shard.name) else None
+        except OSError:
+            return None
+
+    def sample_count(self, shard: Path) -> int:
+        entry = self.unchanged(shard)
+        return entry.records if entry else shard_sample_count(shard)
+
+    def replace(self, entries: list[CheckedShard]) -> None:
+        self.entries = {entry.stamp.name: entry for entry in entries}
+        atomic_write_text(self.path, json.dumps([{**asdict(entry.stamp), "records": entry.records,
+                                                  "lines_sha256": entry.lines_sha256} for entry in entries], indent=0))
+
+
+@dataclass(frozen=True)
+class _RecordLine:
+    key: str
+    members: frozenset[str]
+    sha256: bytes
+
+
+def _record_lines(jsonl_path: Path) -> list[_RecordLine]:
+    """For each record in `packed_json`, in order: its id, the tar member names its sample must have, its line's digest."""
+    lines = []
     with open(jsonl_path, "rb") as handle:
         for line in handle:
             record = json.loads(line)
             key = record["id"]
-            expected[key] = {f"{key}.json"} | {f"{key}.{name}" for names in record["media_files"] for name in names}
-    return expected
+            members = {f"{key}.json"} | {f"{key}.{name}" for names in record["media_files"] for name in names}
+            lines.append(_RecordLine(key, frozenset(members), hashlib.sha256(line).digest()))
+    return lines
 
 
-def shard_problems(shards: list[Path], jsonl_path: Path, processes: int = 1) -> list[str]:
+def _lines_digest(lines: list[_RecordLine]) -> str:
+    return hashlib.sha256(b"".join(line.sha256 for line in lines)).hexdigest()
+
+
+@dataclass(frozen=True)
+class MemberCheck:
+    problems: list[str]
+    shards_read: int
+
+
+def check_shard_members(shards: list[Path], jsonl_path: Path, processes: int = 1, checked: CheckedShards | None = None) -> MemberCheck:
     """The shards hold exactly the records of `packed_json`, each with exactly its members.
 
-    Python's tarfile reads the shards' member lists, `processes` shards at a time.
+    Python's tarfile reads the shards' member lists, `processes` shards at a time. With `checked`,
+    a shard it holds unchanged whose lines in packed_json are unchanged too is taken as checked
+    without being read, and `checked` then holds the shards of this check (none if it failed).
     """
-    if len(shards) < SHARDS_PER_PROCESS_FOR_A_POOL * processes:
+    lines = _record_lines(jsonl_path)
+    reusable = {shard: entry for shard in shards if checked and (entry := checked.unchanged(shard))}
+    to_read = [shard for shard in shards if shard not in reusable]
+    if len(to_read) < SHARDS_PER_PROCESS_FOR_A_POOL * processes:
         processes = 1  # a pool's start-up (a second) would cost more than it saves
-    expected = expected_members(jsonl_path)
+    names_of = dict(zip(to_read, ordered_map(_member_names, to_read, processes)))
     found: dict[str, set[str]] = {}
     home: dict[str, str] = {}
     problems = []
-    for shard, names in zip(shards, ordered_map(_member_names, shards, processes)):
+    passed: list[CheckedShard] = []
+    read = 0
+    position: int | None = 0  # the packed_json line the next shard starts at, while shards follow the file
+    for shard in shards:
+        entry = reusable.get(shard)
+        if entry and position is not None and _lines_digest(lines[position:position + entry.records]) == entry.lines_sha256:
+            names = sorted(name for line in lines[position:position + entry.records] for name in line.members)
+        else:
+            entry, names = None, names_of.get(shard) or _member_names(shard)
+            read += 1
         if not names:
             problems.append(f"{shard.name} is empty")
         if names != sorted(names):
             problems.append(f"{shard.name}: members are not sorted")
+        keys = []
         for name in names:
             key = name.split(".", 1)[0]
             if home.setdefault(key, shard.name) != shard.name:
                 problems.append(f"sample {key!r} appears in both {home[key]} and {shard.name}")
+            if key not in found:
+                keys.append(key)
             found.setdefault(key, set()).add(name)
+        held = lines[position:position + len(keys)] if position is not None else []
+        if entry is None and position is not None and sorted(keys) == sorted(line.key for line in held):
+            entry = CheckedShard(ShardStamp.of(shard.parent, shard.name), len(keys), _lines_digest(held))
+        if entry is None:
+            position = None  # the shards no longer follow packed_json line by line: record no more of them
+        else:
+            passed.append(entry)
+            position += entry.records
+    expected = {line.key: set(line.members) for line in lines}
     missing = sorted(set(expected) - set(found))
     if missing:
         problems.append(f"{plural(len(missing), 'record')} missing from the shards: {_listed(missing)}")
@@ -103,4 +192,6 @@ def shard_problems(shards: list[Path], jsonl_path: Path, processes: int = 1) -> 
             f"{plural(len(mismatched), 'sample')} whose members differ from their record, e.g. {key!r}: "
             f"tar has {sorted(found[key])}, record names {sorted(expected[key])}"
         )
-    return problems
+    if checked is not None:
+        checked.replace([] if problems else passed)
+    return MemberCheck(problems, read)

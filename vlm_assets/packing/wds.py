@@ -61,6 +61,21 @@ class ShardInfo:
     size: int = 0
 
 
+@dataclass(frozen=True)
+class ShardStamp:
+    """A shard as it was when something was recorded about it: a changed size or modification time
+    means the record no longer holds."""
+
+    name: str  # relative to the folder the record is about
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, root: Path, name: str) -> ShardStamp:
+        status = (root / name).stat()
+        return cls(name, status.st_size, status.st_mtime_ns)
+
+
 def shard_name(index: int) -> str:
     return f"pretrain-{index:06d}.tar"
 
@@ -99,6 +114,7 @@ def write_shards_from_jsonl(
     on_sample: Callable[[str], None] | None = None,
     processes: int = 1,
     append: bool = False,
+    sample_count: Callable[[Path], int] | None = None,
 ) -> list[ShardInfo]:
     """`write_shards` of `packed_json`'s records, each record's members prepared by one of `processes` processes.
 

@@ -20,8 +20,8 @@ from vlm_assets.defs.resources import (
     step_progress,
     versioned,
 )
-from vlm_assets.defs.tags import CHUNKED_TAG
-from vlm_assets.packing.energon import MAIN_FOLDER_NAME, prepare_energon_dataset
+from vlm_assets.defs.tags import CHUNKED_TAG, FORCE_TAG
+from vlm_assets.packing.energon import MAIN_FOLDER_NAME, PreparedRecord, prepare_energon_dataset
 from vlm_assets.packing.mix import (
     MixError,
     blended,
@@ -34,6 +34,7 @@ from vlm_assets.packing.mix import (
 from vlm_assets.packing.plan import fill_ratio, iter_bins, plan_packing, read_bins
 from vlm_assets.packing.records import RECORD_COLUMNS, kept_records, write_packed_jsonl
 from vlm_assets.packing.report import fill_summary_md, reject_counts_md
+from vlm_assets.packing.verify import CheckedShards
 from vlm_assets.packing.wds import list_shards, write_shards_from_jsonl
 from vlm_assets.parallel import step_processes
 from vlm_assets.tokens.histogram import length_histogram_md
@@ -172,12 +173,16 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
 
     processes = step_processes()
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
+        if context.run.tags.get(FORCE_TAG) == "true":
+            layout.checked_shards(source).unlink(missing_ok=True)  # `run --force` reads every shard again
+        checked = CheckedShards(layout.checked_shards(source))
         with SampleLookup(layout.catalog(source), ["media_refs"], near=jsonl_path) as samples:
             shards = write_shards_from_jsonl(jsonl_path, samples, directory, app.wds.maxcount, app.wds.maxsize,
-                                             progress, processes, append=app.packing.mode == "append")
+                                             progress, processes, append=app.packing.mode == "append",
+                                             sample_count=checked.sample_count)
         context.log.info(f"{source}: {plural(written, 'sample')} in {plural(len(shards), 'shard')} -> {directory}"
                          + (f" ({processes} processes)" if processes > 1 else ""))
-        members_result = checks.shard_members_result(list_shards(directory), jsonl_path, processes)
+        members_result = checks.shard_members_result(list_shards(directory), jsonl_path, processes, checked)
     table = ["| shard | samples | bytes |", "|---|---:|---:|"] + [
         f"| {shard.path.name} | {len(shard.keys)} | {shard.size} |" for shard in shards
     ]
@@ -209,16 +214,27 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
     fingerprint = vlm_config.fingerprint(context, "energon_dataset")
     subflavors = source_subflavors(vlm_config.app, source)
     # Everything it writes is under the source's folder: other sources' metadata is never touched.
+    record_path = layout.energon_prepared(source.name)
+    forced = context.run.tags.get(FORCE_TAG) == "true"  # `run --force` indexes every shard again
+    previous = None if forced else PreparedRecord.load(record_path)
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source.name)]):
         shards = list_shards(root)
         context.log.info(f"{source.name}: preparing Energon metadata over {plural(len(shards), 'shard')} in {root}")
-        dataset = prepare_energon_dataset(root, shards, subflavors)
+        dataset = prepare_energon_dataset(root, shards, subflavors, previous=previous)
+        dataset.record.save(record_path)
+    if dataset.kept_shards:
+        context.log.info(f"{source.name}: kept the index entries of the {plural(dataset.kept_shards, 'shard')} "
+                         f"indexed before; Energon read only the {plural(len(shards) - dataset.kept_shards, 'new shard')}")
+    else:
+        context.log.info(f"{source.name}: Energon read every shard: {'forced' if forced else dataset.read_in_full}")
     context.log.info(f"{source.name}: Energon indexed {plural(dataset.sample_count, 'sample')} -> {dataset.meta_dir}")
     return dg.MaterializeResult(**versioned({
         "path": dg.MetadataValue.path(str(root)),
         "meta_dir": dg.MetadataValue.path(str(dataset.meta_dir)),
         "shards": len(dataset.shards),
+        "shards_kept": dataset.kept_shards,
         "samples": dataset.sample_count,
+        "index_uuid": dataset.record.index_uuid,
         "subflavors": dg.MetadataValue.json(subflavors),
     }, fingerprint))
 

@@ -10,6 +10,7 @@ import pandas as pd
 
 from vlm_assets.config import AppConfig
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.packing.energon import PreparedRecord, first_unloaded_sample, live_index_uuid, record_loaded
 from vlm_assets.packing.mix import (
     DRAW_SEED,
     SHARE_SIGMAS,
@@ -22,8 +23,9 @@ from vlm_assets.packing.plan import fill_ratio, read_bins
 from vlm_assets.packing.records import record_id
 from vlm_assets.packing.verify import (
     accounting_problems,
+    CheckedShards,
+    check_shard_members,
     oversized_bins,
-    shard_problems,
 )
 from vlm_assets.wording import plural
 
@@ -66,13 +68,15 @@ def packing_bins_results(
     )
 
 
-def shard_members_result(shards: list[Path], jsonl_path: Path, processes: int = 1) -> dg.AssetCheckResult:
-    problems = shard_problems(shards, jsonl_path, processes)
+def shard_members_result(shards: list[Path], jsonl_path: Path, processes: int, checked: CheckedShards) -> dg.AssetCheckResult:
+    result = check_shard_members(shards, jsonl_path, processes, checked)
+    problems = result.problems
     return dg.AssetCheckResult(
         check_name="tar_members_match_records",
         passed=not problems,
         metadata={
             "shards": len(shards),
+            "shards_read": result.shards_read,
             "problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none"),
         },
     )
@@ -83,7 +87,8 @@ def shard_members_result(shards: list[Path], jsonl_path: Path, processes: int = 
     partitions_def=SOURCES_PARTITIONS,
     blocking=True,
     description="Load every sample of the source's dataset through Energon's loader (stateless cooker, errors "
-    "re-raised); ids must equal the bins'.",
+    "re-raised); ids must equal the bins'. Samples the dataset kept from an index that loaded in full are not "
+    "loaded again (`loaded_from`).",
 )
 def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig) -> dg.AssetCheckResult:
     from vlm_assets.packing.energon_loader import (
@@ -92,20 +97,31 @@ def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_confi
 
     layout = vlm_config.layout
     source = context.partition_key
+    root = layout.packed_wds(source)
+    loaded_record = layout.energon_loaded(source)
     # Shared with other readers; excludes the shard writers and a re-prepare while Energon reads.
     with vlm_config.locked(context.log, shared=[layout.source_lock(source)]):
         bins_path = layout.bins(source)
         expected = [record_id(source, int(bin_id)) for bin_id in read_bins(bins_path)["bin_id"]] if bins_path.exists() else []
-        loaded = load_all_ids(layout.packed_wds(source))
-    context.log.info(f"{source}: Energon loaded {plural(len(loaded), 'sample')}; the bins expect {len(expected)}")
-    duplicates = sorted(key for key, count in Counter(loaded).items() if count > 1)
-    missing = sorted(set(expected) - set(loaded))
-    unexpected = sorted(set(loaded) - set(expected))
+        live_uuid = live_index_uuid(root)
+        start = first_unloaded_sample(PreparedRecord.load(layout.energon_prepared(source)), live_uuid, loaded_record)
+        if start:
+            context.log.info(f"{source}: the first {plural(start, 'sample')} were kept from an index whose every "
+                             "sample loaded; loading the samples after them")
+        loaded = load_all_ids(root, start)
+        expected = expected[start:] if start <= len(expected) else []
+        context.log.info(f"{source}: Energon loaded {plural(len(loaded), 'sample')}; the bins expect {len(expected)}")
+        duplicates = sorted(key for key, count in Counter(loaded).items() if count > 1)
+        missing = sorted(set(expected) - set(loaded))
+        unexpected = sorted(set(loaded) - set(expected))
+        passed = not (duplicates or missing or unexpected) and len(loaded) == len(expected)
+        record_loaded(loaded_record, live_uuid if passed else None)
     return dg.AssetCheckResult(
-        passed=not (duplicates or missing or unexpected) and len(loaded) == len(expected),
+        passed=passed,
         metadata={
             "loaded": len(loaded),
             "expected": len(expected),
+            "loaded_from": start,
             "missing": dg.MetadataValue.json(missing[:20]),
             "unexpected": dg.MetadataValue.json(unexpected[:20]),
             "duplicates": dg.MetadataValue.json(duplicates[:20]),
