@@ -12,8 +12,11 @@ records appended to the manifest and each site built again:
            kept (every record read and every sample measured again, every shard rewritten)
   full     packing.mode full: only the appended lines are catalogued, only the length chunks that
            changed are measured; every bin packed again, every shard rewritten
+  append-reread  packing.mode append, with the records of which shards were checked, indexed by
+           Energon and loaded deleted before the rebuild: every shard's members read, every shard
+           indexed by Energon's prepare and every sample loaded again (before they were kept)
   append   packing.mode append: also only new bins, their records and new shards; the old shards
-           keep their bytes
+           keep their bytes, and only the new shards are checked, indexed and loaded
 
 Prints, per site, the first build's and the rebuild's wall time, the rebuild's seconds inside each
 asset's runs (from the instance's run records), and how many of the first build's shards the
@@ -23,6 +26,7 @@ rebuild rewrote (a changed modification time).
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import subprocess
 import sys
@@ -37,7 +41,7 @@ from scale import Measured, attribute_time, clean_env, write_source  # noqa: E40
 
 OUT = ROOT / "bench" / "out" / "append"
 PYTHON = sys.executable
-SITES = ("before", "full", "append")
+SITES = ("before", "full", "append-reread", "append")
 STEPS = ("sample_catalog", "sample_length_chunk", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards", "energon_dataset")
 CONFIG = """\
 storage: {{root: {root}}}
@@ -74,7 +78,9 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=100_000, help="records in the first manifest")
     parser.add_argument("--append-share", type=float, default=0.005, help="records appended, as a share of --samples")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--sites", default=",".join(SITES), help=f"comma-separated, of {', '.join(SITES)}")
     args = parser.parse_args()
+    sites = [name for name in SITES if name in args.sites.split(",")]
     extra = max(1, int(args.samples * args.append_share))
 
     inputs = OUT / "inputs"
@@ -83,7 +89,7 @@ def main() -> int:
     print(f"source: {args.samples} records, then {extra} appended ({args.append_share:.1%}); {args.workers} workers")
 
     first: dict[str, Measured] = {}
-    for name in SITES:
+    for name in sites:
         site = OUT / "sites" / name
         shutil.rmtree(site, ignore_errors=True)
         site.mkdir(parents=True)
@@ -91,16 +97,21 @@ def main() -> int:
         manifest.write_text("".join(lines[:args.samples]), encoding="utf-8")
         (site / "vlm_assets.yaml").write_text(CONFIG.format(
             root=site / "vlm_data", manifest=manifest, media=inputs / "media",
-            mode="append" if name == "append" else "full"), encoding="utf-8")
+            mode="append" if name.startswith("append") else "full"), encoding="utf-8")
         first[name] = build(site, args.workers)
 
-    print(f"\n{'site':<8} {'first build':>12} {'rebuild':>9}  " + "  ".join(f"{step:>16}" for step in STEPS)
-          + "  shards rewritten")
-    for name in SITES:
+    # The largest resident set any one process of the runs had (getrusage of waited-for descendants).
+    print(f"peak RSS of one process, first builds: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB")
+    print(f"\n{'site':<13} {'first build':>12} {'rebuild':>9}  " + "  ".join(f"{step:>16}" for step in STEPS)
+          + f"  {'outside runs':>12}  shards rewritten")
+    for name in sites:
         site = OUT / "sites" / name
         if name == "before":
             (site / "vlm_data" / "catalog" / "images.read.json").unlink()
             shutil.rmtree(site / "vlm_data" / "spool" / "lengths")
+        if name == "append-reread":
+            shutil.rmtree(site / "vlm_data" / "spool" / "shards")
+            shutil.rmtree(site / "vlm_data" / "spool" / "energon")
         shards_before = shard_times(site)
         with open(site / "images.jsonl", "a", encoding="utf-8") as manifest:
             manifest.write("".join(lines[args.samples:]))
@@ -108,7 +119,7 @@ def main() -> int:
         after = shard_times(site)
         rewritten = sum(1 for shard, mtime in shards_before.items() if after.get(shard) != mtime)
         steps = "  ".join(f"{rebuild.in_runs.get(step, 0.0):>15.1f}s" for step in STEPS)
-        print(f"{name:<8} {first[name].wall:>11.1f}s {rebuild.wall:>8.1f}s  {steps}  "
+        print(f"{name:<13} {first[name].wall:>11.1f}s {rebuild.wall:>8.1f}s  {steps}  {rebuild.outside_runs:>11.1f}s  "
               f"{rewritten} of {len(shards_before)} (now {len(after)})")
     return 0
 
