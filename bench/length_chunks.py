@@ -1,7 +1,7 @@
 """One big source through its token lengths as chunk partitions: 1 vs 2 workers beside the machine's own
 2-process ceiling, a run killed at half its chunks then resumed, and 1 % of records appended.
 
-    .venv/bin/python bench/length_chunks.py [--records 200000] [--repeats 2]
+    .venv/bin/python bench/length_chunks.py [--records 200000] [--repeats 2] [--append-only]
 
 Input: the LLaVA-style jsonl of bench/catalog_readers.py (one image per record, 1–3 turns), generated
 once. Every measured run is the real CLI, `python -m vlm_assets.cli run --select sample_lengths`, on a
@@ -15,7 +15,8 @@ assembled table. Side by side, alternating, --repeats times:
                  machine in these minutes
 Then, once, on a fresh home with 2 workers: a run killed (kill -9 of its process group) once half of
 the chunks are materialised, and the rerun (its time against the full 2-worker run); and on the
-finished site, 1 % more records appended to the manifest and the rerun.
+fresh site built with 2 workers, 1 % more records appended to the manifest and the rerun (against
+that site's first build; --append-only runs just this).
 Per run it prints the seconds spent inside each asset's runs (the Dagster run records).
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -73,12 +75,13 @@ def timed_run(config: Path, home: Path, workers: int) -> float:
     return time.perf_counter() - began
 
 
-def seconds_by_asset(home: Path) -> str:
+def seconds_by_asset(home: Path, since: float = 0.0) -> str:
+    """Seconds inside each asset's runs that started at `since` or later (summed over runs side by side)."""
     spent: dict[str, float] = {}
     with dg.DagsterInstance.from_config(str(home)) as instance:
         for record in instance.get_run_records():
             asset = record.dagster_run.tags.get("vlm_assets/asset", "?")
-            if record.start_time and record.end_time:
+            if record.start_time and record.end_time and record.start_time >= since:
                 spent[asset] = spent.get(asset, 0.0) + record.end_time - record.start_time
     return ", ".join(f"{asset} {seconds:.0f} s" for asset, seconds in sorted(spent.items()))
 
@@ -111,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--append-only", action="store_true", help="only the 1 %% append, against its own first build")
     parser.add_argument("--one-process", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_process:
@@ -121,7 +125,7 @@ def main() -> None:
     times: dict[str, list[float]] = {"workers 1": [], "workers 2": [], "plain 1": [], "plain 2 (halves)": []}
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
-        for round_number in range(args.repeats):
+        for round_number in range(0 if args.append_only else args.repeats):
             for workers in (1, 2):
                 config, home = site(scratch, manifest, f"round{round_number}-workers{workers}")
                 times[f"workers {workers}"].append(timed_run(config, home, workers))
@@ -131,43 +135,57 @@ def main() -> None:
             times["plain 2 (halves)"].append(plain(folder / "first_half.jsonl", folder / "second_half.jsonl"))
             print(f"round {round_number + 1}, ceiling: one process {times['plain 1'][-1]:.1f} s, "
                   f"two halves side by side {times['plain 2 (halves)'][-1]:.1f} s", flush=True)
-        median = {name: statistics.median(values) for name, values in times.items()}
-        ours, ceiling = median["workers 1"] / median["workers 2"], median["plain 1"] / median["plain 2 (halves)"]
-        print(f"\n{args.records:,} records, medians of {args.repeats}: workers 1 {median['workers 1']:.1f} s, "
-              f"workers 2 {median['workers 2']:.1f} s: {ours:.2f}×; machine ceiling {ceiling:.2f}× "
-              f"(plain {median['plain 1']:.1f} s vs {median['plain 2 (halves)']:.1f} s): {ours / ceiling:.0%} of it")
+        if not args.append_only:
+            median = workers_and_kill(args, scratch, manifest, times)
+        append_phase(args, scratch, folder, manifest, None if args.append_only else median["workers 2"])
 
-        config, home = site(scratch, manifest, "killed")
-        process = start(config, home, 2)
-        total = None
-        while process.poll() is None:
-            plan = Path(yaml.safe_load(config.read_text())["storage"]["root"]) / "catalog" / "big.chunks.json"
-            if total is None and plan.exists():
-                total = len(yaml.safe_load(plan.read_text())["digests"])
-            if total and chunks_done(home) >= total // 2:
-                os.killpg(process.pid, signal.SIGKILL)
-                break
-            time.sleep(0.5)
-        process.wait()
-        done = chunks_done(home)
-        resumed = timed_run(config, home, 2)
-        print(f"killed at {done} of {total} chunks; the rerun took {resumed:.1f} s, "
-              f"{resumed / median['workers 2']:.0%} of a full 2-worker run ({seconds_by_asset(home)})")
 
-        appended = max(1, args.records // 100)
-        lines = manifest.read_text().splitlines(keepends=True)[:appended]
-        grown = scratch / "grown" / "train.jsonl"
-        grown.parent.mkdir()
-        for image in folder.glob("*.jpg"):
-            (grown.parent / image.name).symlink_to(image)
-        grown.write_text(manifest.read_text())
-        config, home = site(scratch, grown, "appended")
-        timed_run(config, home, 2)
-        with grown.open("a") as handle:
-            handle.writelines(line.replace('"id": "s', '"id": "more') for line in lines)
-        again = timed_run(config, home, 2)
-        print(f"{appended:,} records appended (1 %): the rerun took {again:.1f} s, "
-              f"{again / median['workers 2']:.0%} of a full 2-worker run")
+def workers_and_kill(args, scratch: Path, manifest: Path, times: dict[str, list[float]]) -> dict[str, float]:
+    """The medians of the rounds, then a run killed at half its chunks and resumed."""
+    median = {name: statistics.median(values) for name, values in times.items()}
+    ours, ceiling = median["workers 1"] / median["workers 2"], median["plain 1"] / median["plain 2 (halves)"]
+    print(f"\n{args.records:,} records, medians of {args.repeats}: workers 1 {median['workers 1']:.1f} s, "
+          f"workers 2 {median['workers 2']:.1f} s: {ours:.2f}×; machine ceiling {ceiling:.2f}× "
+          f"(plain {median['plain 1']:.1f} s vs {median['plain 2 (halves)']:.1f} s): {ours / ceiling:.0%} of it")
+
+    config, home = site(scratch, manifest, "killed")
+    process = start(config, home, 2)
+    total = None
+    while process.poll() is None:
+        plan = Path(yaml.safe_load(config.read_text())["storage"]["root"]) / "catalog" / "big.chunks.json"
+        if total is None and plan.exists():
+            total = len(yaml.safe_load(plan.read_text())["digests"])
+        if total and chunks_done(home) >= total // 2:
+            os.killpg(process.pid, signal.SIGKILL)
+            break
+        time.sleep(0.5)
+    process.wait()
+    done = chunks_done(home)
+    since = time.time()
+    resumed = timed_run(config, home, 2)
+    print(f"killed at {done} of {total} chunks; the rerun took {resumed:.1f} s, "
+          f"{resumed / median['workers 2']:.0%} of a full 2-worker run ({seconds_by_asset(home, since)})")
+    return median
+
+
+def append_phase(args, scratch: Path, folder: Path, manifest: Path, full_run: float | None) -> None:
+    """A fresh site built with 2 workers, then 1 % more records appended and the rerun."""
+    appended = max(1, args.records // 100)
+    lines = manifest.read_text().splitlines(keepends=True)[:appended]
+    grown = scratch / "grown" / "train.jsonl"
+    grown.parent.mkdir()
+    for image in folder.glob("*.jpg"):  # copies: a symlink out of the source's folder is refused
+        shutil.copyfile(image, grown.parent / image.name)
+    grown.write_text(manifest.read_text())
+    config, home = site(scratch, grown, "appended")
+    first = timed_run(config, home, 2)
+    with grown.open("a") as handle:
+        handle.writelines(line.replace('"id": "s', '"id": "more') for line in lines)
+    since = time.time()
+    again = timed_run(config, home, 2)
+    against = f", {again / full_run:.0%} of the 2-worker run above" if full_run else ""
+    print(f"{appended:,} records appended (1 %): the rerun took {again:.1f} s, {again / first:.0%} of this "
+          f"site's first build ({first:.1f} s){against} ({seconds_by_asset(home, since)})")
 
 
 if __name__ == "__main__":
