@@ -60,13 +60,15 @@ def run(config: Path, home: Path, *args: str, timeout: float = RUN_TIMEOUT_S) ->
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """sha256 of every output file under `root`, by relative path (coordination files and the root's
-    owner record, which names the config file by its absolute path, left out)."""
+    """sha256 of every output file under `root`, by relative path (coordination files, the root's
+    owner record, which names the config file by its absolute path, and the records of which shards
+    were checked and indexed, which name them by their modification times, left out)."""
     digests = {}
-    owner = StorageLayout(root).owner
+    layout = StorageLayout(root)
+    stamp_records = {layout.checked_shards("-").parent, layout.energon_prepared("-").parent}
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root)
-        if relative.parts[0] == LOCK_DIR or path == owner or not path.is_file():
+        if relative.parts[0] == LOCK_DIR or path == layout.owner or path.parent in stamp_records or not path.is_file():
             continue
         digests[str(relative)] = hashlib.sha256(path.read_bytes()).hexdigest()
     return digests
