@@ -417,6 +417,42 @@ def test_shards_prepared_by_two_processes_are_the_bytes_one_process_writes(mix_l
     assert _digests(two) == _digests(one)  # the earlier shards stay whole
 
 
+def test_appended_records_go_into_new_shards_read_from_a_lookup_of_their_samples_alone(mix_layout, tmp_path):
+    import vlm_assets.packing.wds as wds
+
+    jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
+    lines = jsonl.read_bytes().splitlines(keepends=True)
+    assert len(lines) > 3
+    whole, appended = tmp_path / "whole", tmp_path / "appended"
+    with SampleLookup(mix_layout.catalog("mix"), ["media_refs"], near=jsonl) as samples:
+        wds.write_shards_from_jsonl(jsonl, samples, whole, maxcount=1, maxsize=10**9)
+        assert len(samples) == len(_catalog(mix_layout, "mix").query("status == 'ok'"))
+        jsonl.write_bytes(b"".join(lines[:2]))  # the first build saw two records
+        wds.write_shards_from_jsonl(jsonl, samples, appended, maxcount=1, maxsize=10**9)
+    before = {path.name: path.stat().st_mtime_ns for path in list_shards(appended)}
+    checked = CheckedShards(tmp_path / "checked.json")
+    assert check_shard_members(list_shards(appended), jsonl, checked=checked).problems == []
+
+    jsonl.write_bytes(b"".join(lines))
+    kept = wds.kept_shards(appended, checked.sample_count)
+    assert kept == wds.KeptShards(list_shards(appended), 2)
+    needed = wds.sample_ids_after(jsonl, kept.records)
+    assert needed == {sample_id for line in lines[2:] for sample_id in json.loads(line)["sample_ids"]}
+    with SampleLookup(mix_layout.catalog("mix"), ["media_refs"], near=jsonl, only=needed) as samples:
+        assert sorted(samples) == sorted(needed)
+        written = wds.write_shards_from_jsonl(jsonl, samples, appended, maxcount=1, maxsize=10**9, processes=2,
+                                              kept=kept)
+    assert [shard.path.name for shard in written] == [wds.shard_name(index) for index in range(2, len(lines))]
+    assert before == {path.name: path.stat().st_mtime_ns for path in list_shards(appended)[:2]}
+    assert _digests(appended) == _digests(whole)
+
+    # The samples of records after the kept shards' must be in the lookup.
+    with SampleLookup(mix_layout.catalog("mix"), ["media_refs"], near=jsonl, only=set()) as samples:
+        assert len(samples) == 0
+        with pytest.raises(KeyError, match=f"{jsonl.name}:3: sample"):
+            wds.write_shards_from_jsonl(jsonl, samples, tmp_path / "failed", maxcount=1, maxsize=10**9, kept=kept)
+
+
 def test_exception_mid_write_leaves_no_half_shard_and_rerun_recovers(mix_layout, tmp_path):
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
     catalog = samples_by_id(_catalog(mix_layout, "mix"))

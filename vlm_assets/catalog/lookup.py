@@ -14,9 +14,13 @@ import json
 import os
 import sqlite3
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from vlm_assets.atomic import TEMP_SUFFIX, temp_prefix
 from vlm_assets.catalog.schema import STATUS_OK
@@ -52,9 +56,14 @@ class _IndexedRows(Mapping[str, dict[str, Any]]):
 
 
 class SampleLookup(_IndexedRows):
-    """`lookup[sample_id]` -> {column: value} for `columns` of the catalogue at `catalog`."""
+    """`lookup[sample_id]` -> {column: value} for `columns` of the catalogue at `catalog`.
 
-    def __init__(self, catalog: Path, columns: Sequence[str], near: Path) -> None:
+    `only`: index just these sample ids (the samples of appended bins): the catalogue's row groups
+    that hold none of them are skipped after reading their ids, so the cost follows `only`, not the
+    catalogue.
+    """
+
+    def __init__(self, catalog: Path, columns: Sequence[str], near: Path, only: Collection[str] | None = None) -> None:
         self.columns = tuple(columns)
         near.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=temp_prefix(near.name), suffix=TEMP_SUFFIX, dir=near.parent)
@@ -66,12 +75,11 @@ class SampleLookup(_IndexedRows):
             self._db.execute("PRAGMA journal_mode = OFF")
             self._db.execute("PRAGMA synchronous = OFF")
             self._db.execute("CREATE TABLE samples (id TEXT PRIMARY KEY, row TEXT NOT NULL) WITHOUT ROWID")
-            for batch in parquet_batches(catalog, ["sample_id", "status", *self.columns], INSERT_BATCH_ROWS):
+            for batch in _ok_rows(catalog, ["sample_id", *self.columns], only):
                 data = batch.to_pydict()
                 self._db.executemany("INSERT INTO samples VALUES (?, ?)", [
                     (sample_id, json.dumps([data[column][index] for column in self.columns]))
-                    for index, (sample_id, status) in enumerate(zip(data["sample_id"], data["status"]))
-                    if status == STATUS_OK
+                    for index, sample_id in enumerate(data["sample_id"])
                 ])
             self._db.commit()
             self._count = self._db.execute("SELECT count(*) FROM samples").fetchone()[0]
@@ -88,6 +96,24 @@ class SampleLookup(_IndexedRows):
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def _ok_rows(catalog: Path, columns: Sequence[str], only: Collection[str] | None) -> Iterator[pa.RecordBatch]:
+    """`columns` of the catalogue's ok rows (of the ids in `only`, when given), a batch at a time."""
+    if only is None:
+        for batch in parquet_batches(catalog, [*columns, "status"], INSERT_BATCH_ROWS):
+            yield batch.filter(pc.equal(batch.column("status"), STATUS_OK))
+        return
+    wanted = pa.array(sorted(only), type=pa.string())
+    if not len(wanted):
+        return
+    table = pq.ParquetFile(catalog, pre_buffer=False)
+    for group in range(table.metadata.num_row_groups):
+        verdicts = table.read_row_group(group, columns=["sample_id", "status"])
+        keep = pc.and_(pc.is_in(verdicts.column("sample_id"), value_set=wanted),
+                       pc.equal(verdicts.column("status"), STATUS_OK))
+        if pc.any(keep).as_py():
+            yield from table.read_row_group(group, columns=list(columns)).filter(keep).to_batches()
 
 
 class SampleLookupReader(_IndexedRows):

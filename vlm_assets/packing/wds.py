@@ -17,6 +17,7 @@ number of processes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tarfile
@@ -105,6 +106,15 @@ def write_shards(
     return _write_samples(map(_sample_members, records), directory, maxcount, maxsize, on_sample, threads)
 
 
+@dataclass(frozen=True)
+class KeptShards:
+    """packing.mode append: the shards already written, kept byte for byte, and how many of
+    packed_json's first records they hold."""
+
+    paths: list[Path]
+    records: int
+
+
 def write_shards_from_jsonl(
     jsonl_path: Path,
     samples: lookup.SampleLookup,
@@ -113,35 +123,44 @@ def write_shards_from_jsonl(
     maxsize: int,
     on_sample: Callable[[str], None] | None = None,
     processes: int = 1,
-    append: bool = False,
-    sample_count: Callable[[Path], int] | None = None,
+    kept: KeptShards | None = None,
 ) -> list[ShardInfo]:
     """`write_shards` of `packed_json`'s records, each record's members prepared by one of `processes` processes.
 
     `samples` (with a `media_refs` column) stays open meanwhile: the chunk processes read its index file.
-    `append` (packing.mode append): the shards already in `directory` are kept as they are, byte for
-    byte, and hold the file's first records; only the records after them are written, into new
-    shards numbered after them. Returns the shards written.
+    `kept` (packing.mode append, see `kept_shards`): only the records after the kept shards' are
+    written, into new shards numbered after them. Returns the shards written.
     """
-    kept = kept_shards(directory) if append else []
-    skip = sum(shard_sample_count(path) for path in kept)
+    kept = kept or KeptShards([], 0)
     try:
-        prepared = ordered_map(_prepare_lines, _line_chunks(jsonl_path, skip), processes, lookup.attach,
+        prepared = ordered_map(_prepare_lines, _line_chunks(jsonl_path, kept.records), processes, lookup.attach,
                                (str(samples.path), samples.columns))
         members = (sample for chunk in prepared for sample in chunk)
-        return _write_samples(members, directory, maxcount, maxsize, on_sample, threads=processes, kept=kept)
+        return _write_samples(members, directory, maxcount, maxsize, on_sample, threads=processes, kept=kept.paths)
     finally:
         lookup.detach()
 
 
-def kept_shards(directory: Path) -> list[Path]:
-    """The shards in `directory`, which must be numbered 0, 1, … without a gap to be appended to."""
+def kept_shards(directory: Path, sample_count: Callable[[Path], int] | None = None) -> KeptShards:
+    """The shards in `directory` to append after, with the records they hold (`sample_count` of each
+    shard, by default read from its tar headers). They must be numbered 0, 1, … without a gap."""
     shards = list_shards(directory)
     expected = [directory / shard_name(index) for index in range(len(shards))]
     if shards != expected:
         raise ValueError(f"{directory}: its shards are not numbered from 0 without a gap; appending after them "
                          "could not keep the records in order (set packing.mode: full to rewrite them)")
-    return shards
+    count = sample_count or shard_sample_count
+    return KeptShards(shards, sum(count(path) for path in shards))
+
+
+def sample_ids_after(jsonl_path: Path, skip: int) -> set[str]:
+    """The sample ids of packed_json's records after its first `skip` lines: what their shards need
+    from the catalogue."""
+    found: set[str] = set()
+    for _, _, lines in _line_chunks(jsonl_path, skip):
+        for line in lines:
+            found.update(json.loads(line)["sample_ids"])
+    return found
 
 
 def shard_sample_count(path: Path) -> int:

@@ -35,7 +35,7 @@ from vlm_assets.packing.plan import fill_ratio, iter_bins, plan_packing, read_bi
 from vlm_assets.packing.records import RECORD_COLUMNS, kept_records, write_packed_jsonl
 from vlm_assets.packing.report import fill_summary_md, reject_counts_md
 from vlm_assets.packing.verify import CheckedShards
-from vlm_assets.packing.wds import list_shards, write_shards_from_jsonl
+from vlm_assets.packing.wds import kept_shards, list_shards, sample_ids_after, write_shards_from_jsonl
 from vlm_assets.parallel import step_processes
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.wording import plural
@@ -123,7 +123,10 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
         # packing.mode append: the records of the bins kept first are kept as they are (their shards are too).
         kept = kept_records(path, iter_bins(bins_path), source) if app.packing.mode == "append" and path.is_file() else 0
-        with SampleLookup(layout.catalog(source), RECORD_COLUMNS, near=path) as samples, atomic_open(path, "wb") as handle:
+        new_bins = itertools.islice(iter_bins(bins_path), kept, None)
+        needed = {sample_id for _, sample_ids, _ in new_bins for sample_id in sample_ids} if kept else None
+        with SampleLookup(layout.catalog(source), RECORD_COLUMNS, near=path, only=needed) as samples, \
+                atomic_open(path, "wb") as handle:
             if kept:
                 with open(path, "rb") as earlier:
                     shutil.copyfileobj(earlier, handle)
@@ -176,10 +179,12 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         if context.run.tags.get(FORCE_TAG) == "true":
             layout.checked_shards(source).unlink(missing_ok=True)  # `run --force` reads every shard again
         checked = CheckedShards(layout.checked_shards(source))
-        with SampleLookup(layout.catalog(source), ["media_refs"], near=jsonl_path) as samples:
+        # packing.mode append: the shards written before stay; only the records after theirs need the catalogue.
+        kept = kept_shards(directory, checked.sample_count) if app.packing.mode == "append" else None
+        needed = sample_ids_after(jsonl_path, kept.records) if kept else None
+        with SampleLookup(layout.catalog(source), ["media_refs"], near=jsonl_path, only=needed) as samples:
             shards = write_shards_from_jsonl(jsonl_path, samples, directory, app.wds.maxcount, app.wds.maxsize,
-                                             progress, processes, append=app.packing.mode == "append",
-                                             sample_count=checked.sample_count)
+                                             progress, processes, kept=kept)
         context.log.info(f"{source}: {plural(written, 'sample')} in {plural(len(shards), 'shard')} -> {directory}"
                          + (f" ({processes} processes)" if processes > 1 else ""))
         members_result = checks.shard_members_result(list_shards(directory), jsonl_path, processes, checked)
