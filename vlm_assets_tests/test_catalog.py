@@ -211,6 +211,46 @@ def test_a_check_log_cut_short_keeps_what_it_proved(tmp_path, shared_data):
     assert (resumed.decoded, resumed.remembered) == (2, 2)
 
 
+def test_a_check_log_is_rewritten_only_when_it_holds_more_than_the_build_used(tmp_path):
+    from vlm_assets.catalog.media_checks import media_fingerprint
+
+    files = []
+    for name in ("a.jpg", "b.jpg"):
+        (tmp_path / name).write_bytes(name.encode())
+        files.append(str(tmp_path / name))
+    log_path = tmp_path / "checks.jsonl"
+    log = MediaCheckLog(log_path)
+    for ref in files:
+        log.record_pass(ref, media_fingerprint(ref, "image"))
+    log.compact()
+    written = log_path.read_bytes()
+    inode = log_path.stat().st_ino
+
+    # Every remembered medium used again, one new one checked (appended): the file already says just that.
+    (tmp_path / "c.jpg").write_bytes(b"c")
+    files.append(str(tmp_path / "c.jpg"))
+    again = MediaCheckLog(log_path)
+    assert again.keep_unchanged() == ""
+    again.record_pass(files[2], media_fingerprint(files[2], "image"))
+    again.compact()
+    assert log_path.stat().st_ino == inode  # not rewritten
+    assert log_path.read_bytes().startswith(written) and len(log_path.read_text().splitlines()) == 3
+
+    # A medium left out of the build is dropped; a checked-again one keeps one line.
+    (tmp_path / "a.jpg").write_bytes(b"changed a")
+    third = MediaCheckLog(log_path)
+    assert third.keep_unchanged() == files[0]
+    third.record_pass(files[0], media_fingerprint(files[0], "image"))
+    third.compact()
+    kept = [json.loads(line)["ref"] for line in log_path.read_text().splitlines()]
+    assert sorted(kept) == [files[0]]  # keep_unchanged stopped at the first change: only a.jpg was used
+
+    fourth = MediaCheckLog(log_path)
+    assert fourth.passed(files[0], media_fingerprint(files[0], "image"))
+    fourth.compact()
+    assert [json.loads(line)["ref"] for line in log_path.read_text().splitlines()] == [files[0]]
+
+
 def test_a_source_that_changes_or_vanishes_while_read_publishes_no_catalogue(tmp_path):
     import pytest
     from PIL import Image

@@ -33,7 +33,7 @@ class MediaCheckLog:
     def __init__(self, path: Path, append: bool = True) -> None:
         self.path = path
         self.append = append
-        self._passed = _read_log(path)
+        self._passed, self._file_is_compact = _read_log(path)
         self._used: dict[str, str] = {}
         self._appender: TextIO | None = None
 
@@ -45,6 +45,8 @@ class MediaCheckLog:
         return True
 
     def record_pass(self, ref: str, fingerprint: str) -> None:
+        if not self.append or ref in self._passed:
+            self._file_is_compact = False  # the file no longer holds each pass once, as _passed has it
         if self.append:
             if self._appender is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,10 +83,17 @@ class MediaCheckLog:
                 self.record_pass(ref, fingerprint)
 
     def compact(self) -> None:
-        """Keep only the media of this build (drops entries of removed or changed files)."""
+        """Keep only the media of this build (drops entries of removed or changed files).
+
+        A log that already holds exactly those, one line each (a build that used every medium
+        remembered, as one extending its catalogue does), is left as it is.
+        """
         self.close()
+        if self._file_is_compact and self._used == self._passed:
+            return
         lines = (json.dumps({"ref": ref, "fingerprint": fingerprint}) + "\n" for ref, fingerprint in self._used.items())
         atomic_write_text(self.path, "".join(lines))
+        self._passed, self._file_is_compact = dict(self._used), True
 
     def close(self) -> None:
         if self._appender is not None:
@@ -92,15 +101,25 @@ class MediaCheckLog:
             self._appender = None
 
 
-def _read_log(path: Path) -> dict[str, str]:
-    passed: dict[str, str] = {}
+def _read_log(path: Path) -> tuple[dict[str, str], bool]:
+    """The passes a log holds, and whether it holds each once, on whole lines."""
     if not path.is_file():
-        return passed
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                entry = json.loads(line)
-                passed[entry["ref"]] = entry["fingerprint"]
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by an interrupted build: that check simply runs again
-    return passed
+        return {}, True
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    try:
+        # One parse of the whole log runs at C speed (a big source's log holds millions of lines).
+        entries = json.loads("[" + ",".join(lines) + "]")
+        passed = {entry["ref"]: entry["fingerprint"] for entry in entries}
+        if all(isinstance(value, str) for value in passed.values()):
+            return passed, len(passed) == len(entries) and (not text or text.endswith("\n"))
+    except (ValueError, KeyError, TypeError):
+        pass
+    passed = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            passed[entry["ref"]] = entry["fingerprint"]
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by an interrupted build: that check simply runs again
+    return passed, False

@@ -15,12 +15,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import CHUNK_ROWS_MULTIPLE
-from vlm_assets.parquet_batches import aligned_batches
+from vlm_assets.parquet_batches import aligned_batches, batch_bytes
 
 # Rows of one store entry (tokens.table.ChunkStore): a chunk is a whole number of them, so the
 # entries a chunk stores are the ones the assembled table looks up.
@@ -95,14 +94,7 @@ def plan_chunks(catalog: Path, configured_rows: int | None = None) -> ChunkPlan:
     for start in range(0, total, rows):
         sha = hashlib.sha256()
         for batch in aligned_batches(catalog, DIGESTED_COLUMNS, STORE_ROWS, start, min(start + rows, total)):
-            sha.update(_batch_bytes(batch))
+            sha.update(batch_bytes(batch))
         digests.append(sha.hexdigest()[:32])
     return ChunkPlan(rows, total, tuple(digests))
 
-
-def _batch_bytes(batch: pa.RecordBatch) -> bytes:
-    # Arrow's IPC form of the batch: the same rows give the same bytes, at C speed.
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import random
 import threading
 from collections import Counter, deque
@@ -33,7 +32,7 @@ from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
 from vlm_assets.config import FrameCacheConfig, ModelConfig
 from vlm_assets.parallel import ordered_map
 from vlm_assets.tokens.chunk_plan import STORE_ROWS
-from vlm_assets.parquet_batches import aligned_batches, parquet_batches, parquet_rows
+from vlm_assets.parquet_batches import aligned_batches, batch_bytes, parquet_batches, parquet_rows
 from vlm_assets.tokens.lengths import (
     PROCESSOR_CALL_FAILED,
     LengthCounter,
@@ -83,9 +82,10 @@ class ChunkStore:
     settings: str
     reuse: bool = True  # False: every chunk is measured again (and stored afresh)
 
-    def key(self, rows: list[dict]) -> str:
-        payload = json.dumps([self.settings, rows], sort_keys=True, default=str).encode()
-        return hashlib.sha256(payload).hexdigest()[:32]
+    def key(self, rows: pa.RecordBatch) -> str:
+        digest = hashlib.sha256(self.settings.encode() + b"\0")
+        digest.update(batch_bytes(rows))
+        return digest.hexdigest()[:32]
 
     def load(self, key: str) -> pa.Table | None:
         if not self.reuse:
@@ -224,13 +224,12 @@ def write_length_table(
 
     def chunks_to_measure() -> Iterator[list[dict]]:
         for batch in aligned_batches(catalog, CATALOG_COLUMNS_READ, chunk_rows, start, stop):
-            batch_rows = batch.to_pylist()
-            key = store.key(batch_rows) if store is not None else ""
+            key = store.key(batch) if store is not None else ""
             used_keys.add(key)
             stored = store.load(key) if store is not None else None
             order.append((key, stored))
             if stored is None:
-                yield batch_rows
+                yield batch.to_pylist()
 
     # A pool costs a start-up (a processor load where no text spec is stored); one chunk is not worth it.
     processes = processes if total > chunk_rows else 1
