@@ -19,12 +19,3 @@ REVISIONS = {
     "training_package": 1,
 }
 ASSET_NAMES = tuple(REVISIONS)
-# Assets that neither load the model's processor nor read anything that does: a run of these alone
-# does not warm the processor in its workers (vlm_assets.orchestration.workers).
-WITHOUT_PROCESSOR = ("sample_catalog", "video_frame_plan", "frame_cache_shard", "frame_cache_index")
-
-
-def may_load_processor(selected: list[str] | None) -> bool:
-    """Whether building `selected` (asset names or `asset[partition]`; None: the whole graph) with
-    its upstream may measure token lengths."""
-    return selected is None or any(name.split("[", 1)[0].strip() not in WITHOUT_PROCESSOR for name in selected)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from vlm_assets.asset_registry import ASSET_NAMES, may_load_processor
+from vlm_assets.asset_registry import ASSET_NAMES
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig, ConfigError, load_config
 from vlm_assets.orchestration.home import ensure_dagster_home
 from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable
@@ -56,9 +56,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     progress_dir.mkdir(parents=True, exist_ok=True)
     os.environ[PROGRESS_DIR_ENV_VAR] = str(progress_dir)
     # Before this process imports Dagster: the workers' own loads then overlap it.
-    # Celery workers execute the runs of `--executor celery`: these processes then only wait.
-    warm = args.executor != "celery" and may_load_processor(_selected(args))
-    with start_workers(str(app.path), workers, warm_processor=warm) as pool, _removed_after(progress_dir):
+    with start_workers(str(app.path), workers) as pool, _removed_after(progress_dir):
         print(f"worker output (Dagster's and the libraries' logs): {pool.log_path}", flush=True)
         from vlm_assets.definitions import build_definitions
         from vlm_assets.orchestration.celery_runs import CELERY

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from vlm_assets.asset_registry import may_load_processor
 from vlm_assets.definitions import build_definitions
 from vlm_assets.orchestration.selection import graph_shape, selection_of
 
@@ -44,14 +43,3 @@ def test_selection_errors_name_the_item(shape):
         selection_of(shape, ["training_mix[x]"])
     with pytest.raises(ValueError, match="unknown asset key"):
         selection_of(shape, ["no_such_asset[demo_wds]"])
-
-
-def test_the_workers_warm_the_processor_exactly_when_the_selection_reads_token_lengths(shape):
-    measuring = {"sample_length_chunk", "sample_lengths"}
-    for name in shape.order:
-        reads_lengths = bool(measuring & set(selection_of(shape, [name]).assets))
-        assert may_load_processor([name]) == reads_lengths, name
-        assert may_load_processor([f"{name}[some_partition]"]) == reads_lengths, name
-    assert may_load_processor(None)
-    assert not may_load_processor(["sample_catalog", "frame_cache_index"])
-    assert may_load_processor(["sample_catalog", "packing_bins[demo_wds]"])

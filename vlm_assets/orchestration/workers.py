@@ -49,30 +49,10 @@ def _worker_init(parent_pid: int, config_path: str, log_path: str) -> None:
     skip_teardown_at_exit()
 
 
-def _load_code_location(config_path: str, warm_processor: bool) -> None:
+def _load_code_location(config_path: str) -> None:
     from vlm_assets.orchestration.task import worker_state
 
-    _, _, vlm_config = worker_state(config_path)
-    if warm_processor:
-        threading.Thread(target=_warm_processor, args=(vlm_config.app.model,), daemon=True,
-                         name="processor-warm-up").start()
-
-
-def _warm_processor(model) -> None:
-    """Load the processor (seconds of imports and tokenizer files) while this worker waits for its
-    first run, so the length steps that land here start measuring at once. At the lowest priority
-    (this thread alone): the steps running meanwhile keep their cores. A failed load is not
-    reported here: the run that needs the processor loads it again and fails with the error."""
-    from vlm_assets.tokens.processor import shared_processor
-
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except OSError:
-        pass
-    try:
-        shared_processor(model)
-    except Exception:  # see the docstring
-        pass
+    worker_state(config_path)
 
 
 class WorkerPool(concurrent.futures.ProcessPoolExecutor):
@@ -96,10 +76,9 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
         return super().__exit__(exc_type, exc, traceback)
 
 
-def start_workers(config_path: str, workers: int, warm_processor: bool = False) -> WorkerPool:
+def start_workers(config_path: str, workers: int) -> WorkerPool:
     """`workers` worker processes for `run_graph`, already loading the code location; their output
-    goes to a new file under $DAGSTER_HOME/logs (`pool.log_path`). `warm_processor`: each also loads
-    the model's processor once its code location is loaded, for the length steps to come.
+    goes to a new file under $DAGSTER_HOME/logs (`pool.log_path`).
 
     $DAGSTER_HOME must be set first (see `vlm_assets.orchestration.home`): the workers open that instance.
     """
@@ -115,7 +94,7 @@ def start_workers(config_path: str, workers: int, warm_processor: bool = False) 
     others = set(multiprocessing.active_children())
     for _ in range(max(1, workers)):
         # A failed load is not reported here: the first run in that process fails with the error.
-        pool.submit(_load_code_location, config_path, warm_processor)
+        pool.submit(_load_code_location, config_path)
     # Each submit above starts one worker, until there are `workers` of them.
     pool.workers = [child for child in multiprocessing.active_children() if child not in others]
     return pool
