@@ -35,6 +35,7 @@ from vlm_assets.packing.energon import prepare_energon_dataset
 from vlm_assets.packing.energon_loader import load_all_ids
 from vlm_assets.packing.plan import (
     CATEGORY_CATALOG,
+    CATEGORY_LENGTH,
     CATEGORY_MEDIA_KIND,
     CATEGORY_MISSING_LENGTH,
     CATEGORY_OVER_MAX,
@@ -226,6 +227,17 @@ def test_plan_multi_mix_packs_text_video_and_mixed_and_rejects_with_reasons(mix_
     assert accounting_problems(_catalog(mix_layout, "mix").sample_id, plan.bins, plan.rejects) == []
     assert oversized_bins(plan.bins, MAX) == []
     assert plan.bins.total_len.max() <= MAX
+
+
+def test_plan_rejects_a_length_that_is_not_positive_and_keeps_table_order():
+    catalog = pd.DataFrame({"sample_id": ["z", "a", "m", "b"], "status": ["ok"] * 4, "reason": [""] * 4,
+                            "media_type": ["text"] * 4})
+    lengths = pd.DataFrame({"sample_id": ["z", "a", "m", "b"], "status": ["ok"] * 4, "reason": [""] * 4,
+                            "token_len": [30, 0, 40, -2]})
+    plan = plan_packing(catalog, lengths, "packed_multi_mix_qa", 100)
+    assert plan.rejects.values.tolist() == [["a", "token_len 0 is not positive", CATEGORY_LENGTH],
+                                            ["b", "token_len -2 is not positive", CATEGORY_LENGTH]]
+    assert plan.bins.sample_ids.tolist() == [["m", "z"]] and plan.bins.lengths.tolist() == [[40, 30]]
 
 
 def test_plan_image_only_types_reject_video_mixed_and_text(mix_layout):

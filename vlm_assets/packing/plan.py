@@ -80,10 +80,15 @@ def plan_packing(
         sort=False,
     )
     allowed = ALLOWED_MEDIA_TYPES[sample_type]
+    token_lens = pd.to_numeric(joined["token_len"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    # Most rows are packable: found in bulk, so only the rejects are looked at one by one.
+    accepted = ((joined["status"] == STATUS_OK) & (joined["length_status"] == STATUS_OK)
+                & joined["media_type"].isin(list(allowed))).to_numpy(dtype=bool, na_value=False)
+    accepted = accepted & (token_lens <= max_token_len) & (token_lens >= 1)
+    packable_ids: list[str] = joined["sample_id"].to_numpy(dtype=object)[accepted].tolist()
+    packable_lengths: list[int] = token_lens[accepted].astype(np.int64).tolist()
     rejects: list[tuple[str, str, str]] = []
-    packable_ids: list[str] = []
-    packable_lengths: list[int] = []
-    for sample_id, status, reason, media_type, length_status, length_reason, token_len in joined.itertuples(
+    for sample_id, status, reason, media_type, length_status, length_reason, token_len in joined[~accepted].itertuples(
         index=False, name=None
     ):
         if status != STATUS_OK:
@@ -97,11 +102,8 @@ def plan_packing(
             rejects.append((sample_id, f"{media_type} sample not allowed in {sample_type} (needs {needs})", CATEGORY_MEDIA_KIND))
         elif token_len > max_token_len:
             rejects.append((sample_id, f"token_len {int(token_len)} > max_token_len {max_token_len}", CATEGORY_OVER_MAX))
-        elif not token_len >= 1:
-            rejects.append((sample_id, f"token_len {token_len} is not positive", CATEGORY_LENGTH))
         else:
-            packable_ids.append(sample_id)
-            packable_lengths.append(int(token_len))
+            rejects.append((sample_id, f"token_len {token_len} is not positive", CATEGORY_LENGTH))
 
     rejects_frame = pd.DataFrame(rejects, columns=list(REJECT_COLUMNS))
     if kept_bins is None or not len(kept_bins):
