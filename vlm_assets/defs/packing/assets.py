@@ -181,7 +181,7 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         checked = CheckedShards(layout.checked_shards(source))
         # packing.mode append: the shards written before stay; only the records after theirs need the catalogue.
         kept = kept_shards(directory, checked.sample_count) if app.packing.mode == "append" else None
-        needed = sample_ids_after(jsonl_path, kept.records) if kept else None
+        needed = sample_ids_after(jsonl_path, kept.records) if kept and kept.records else None
         with SampleLookup(layout.catalog(source), ["media_refs"], near=jsonl_path, only=needed) as samples:
             shards = write_shards_from_jsonl(jsonl_path, samples, directory, app.wds.maxcount, app.wds.maxsize,
                                              progress, processes, kept=kept)
