@@ -129,3 +129,88 @@ def test_a_file_ending_in_part_of_a_line_leaves_no_mark_and_is_read_in_full_next
     whole = _build(source, catalog)
     assert whole.kept == 0 and whole.read_in_full == "no read mark from an earlier build"
     assert catalog.read_bytes() == _full_read(source, tmp_path)
+
+
+# flat_dir sources: record files added after the ones read before.
+
+def _record(name: str, images: list[str] | None) -> dict:
+    record = {"messages": [{"role": "user", "content": f"<image>what is {name}?"},
+                           {"role": "assistant", "content": _words(len(name))}]}
+    if images is not None:
+        record["images"] = images
+    return record
+
+
+def _write(folder: Path, name: str, images: list[str] | None = None, image: bool = True) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if image:
+        Image.new("RGB", (20, 20), (len(name), 0, 0)).save(folder / f"{name}.jpg")
+    (folder / f"{name}.json").write_text(json.dumps(_record(name, [f"{name}.jpg"] if images is None else images)))
+
+
+@pytest.fixture
+def folder(tmp_path) -> SourceConfig:
+    root = tmp_path / "folder"
+    for number in range(300):
+        _write(root, f"{number:04d}")
+    _write(root, "0300", image=False)  # missing image: a reject, checked again on each extension
+    _write(root / "0000", "0301", ["shared.jpg"], image=False)  # found in the root, not beside it
+    Image.new("RGB", (20, 20)).save(root / "shared.jpg")
+    _write(root, "0302", [])  # names no media: takes the file sharing its stem, if any
+    _write(root, "0303", ["0303.jpg"])
+    (root / "0304.json").write_text("{not json")
+    return SourceConfig("folder", "flat_dir", root, root)
+
+
+def test_added_record_files_alone_are_read_and_the_catalogue_is_the_full_reads(folder, tmp_path):
+    catalog = tmp_path / "catalog.parquet"
+    first = _build(folder, catalog)
+    assert first.samples == 305 and first.rejected == 2
+    root = folder.path
+    for number in range(305, 400):
+        _write(root, f"{number:04d}")
+    _write(root / "sub2", "0400")  # a new folder sorting after the files read
+    Image.new("RGB", (20, 20)).save(root / "0300.jpg")  # the kept reject's image arrives: now ok
+    Image.new("RGB", (20, 20)).save(root / "0000" / "shared.jpg")  # a kept row's name is now ambiguous
+    Image.new("RGB", (20, 20)).save(root / "0302.png")  # a media-less record now has a same-stem image
+    extended = _build(folder, catalog, processes=2)
+    assert extended.kept == 305 and extended.read_in_full == ""
+    # 0300 is ok now; 0301's name and 0302's stem are ambiguous; 0304 is still not JSON.
+    assert extended.samples == 401 and extended.rejected == 3
+    reasons = " ".join(extended.reject_reasons)
+    assert "ambiguous media: 'shared.jpg'" in reasons and "several files share its stem (0302.jpg, 0302.png)" in reasons
+    assert catalog.read_bytes() == _full_read(folder, tmp_path)
+
+    _write(root / "sub2", "0401")
+    assert _build(folder, catalog).kept == 401
+    assert catalog.read_bytes() == _full_read(folder, tmp_path)
+
+
+def _edit_a_record(folder: SourceConfig) -> None:
+    (folder.path / "0001.json").write_text(json.dumps(_record("edited", ["0001.jpg"])))
+    _write(folder.path, "0500")
+
+
+def _add_a_file_among_the_read_ones(folder: SourceConfig) -> None:
+    _write(folder.path, "0001a")
+
+
+def _change_an_image_of_the_folder(folder: SourceConfig) -> None:
+    Image.new("RGB", (20, 20), (200, 0, 0)).save(folder.path / "0007.jpg")
+    os.utime(folder.path / "0007.jpg", ns=(1, 1))
+    _write(folder.path, "0500")
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (_edit_a_record, "record files are not the ones read before"),
+    (_add_a_file_among_the_read_ones, "record files are not the ones read before"),
+    (_change_an_image_of_the_folder, "media checked before changed: "),
+    (lambda folder: None, "no record file was added"),
+])
+def test_a_folder_catalogue_that_cannot_be_extended_is_read_in_full_and_says_why(folder, tmp_path, change, reason):
+    catalog = tmp_path / "catalog.parquet"
+    _build(folder, catalog)
+    change(folder)
+    rebuilt = _build(folder, catalog)
+    assert rebuilt.kept == 0 and reason in rebuilt.read_in_full
+    assert catalog.read_bytes() == _full_read(folder, tmp_path)

@@ -294,6 +294,40 @@ def test_a_source_cut_into_chunks_measures_them_apart_and_gives_the_one_worker_t
     assert (site / "vlm_data" / "lengths" / "chat.parquet").read_bytes() == appended_table
 
 
+def _chat_files(folder: Path, first: int, count: int, seed: int) -> None:
+    folder.mkdir(exist_ok=True)
+    for number, line in enumerate(_chat_lines("f", count, seed).splitlines(), start=first):
+        (folder / f"{number:06d}.json").write_text(line)
+
+
+@pytest.mark.processes
+def test_files_added_to_a_folder_source_are_read_alone_and_measure_only_the_chunks_they_touch(tmp_path):
+    """A flat_dir source of 2,100 record files (chunks of 2,048 rows), then 2,100 more sorting after them:
+    the catalogue reads only the new files and only the grown chunk and the new one are measured."""
+    folder = tmp_path / "chat"
+    _chat_files(folder, 0, 2100, seed=5)
+    config = tmp_path / "vlm_assets.yaml"
+    config.write_text(yaml.safe_dump({
+        "storage": {"root": str(tmp_path / "vlm_data")},
+        "sources": [{"name": "chat", "kind": "flat_dir", "path": str(folder), "chunk_rows": LENGTH_CHUNK_ROWS}],
+    }))
+    first = run(config, tmp_path / "home", "--workers", "2", "--select", "sample_lengths")
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert sorted(_chunk_runs(tmp_path / "home")) == ["00000|chat", "00001|chat"]
+
+    _chat_files(folder, 2100, 2100, seed=6)
+    second = run(config, tmp_path / "home", "--workers", "2", "--select", "sample_lengths")
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert "= sample_length_chunk [00000|chat]: up to date" in second.stdout
+    assert sorted(_chunk_runs(tmp_path / "home")[2:]) == ["00001|chat", "00002|chat"]
+    with dg.DagsterInstance.from_config(str(tmp_path / "home")) as instance:
+        metadata = instance.get_latest_materialization_event(dg.AssetKey("sample_catalog")).asset_materialization.metadata
+        assert metadata["rows_kept"].value == 2100 and metadata["samples"].value == 4200
+    full_read = tmp_path / "full_read.parquet"
+    write_catalog(SourceConfig("chat", "flat_dir", folder, folder), full_read, "messages", MediaValidator())
+    assert (tmp_path / "vlm_data" / "catalog" / "chat.parquet").read_bytes() == full_read.read_bytes()
+
+
 @pytest.mark.processes
 def test_a_run_killed_mid_chunks_reruns_only_the_chunks_it_had_not_finished(tmp_path):
     """kill -9 of `vlm-assets run` (its whole process group) once a chunk is done: the rerun measures the

@@ -15,11 +15,12 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Self
 
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_write_text
-from vlm_assets.catalog.build import JsonlPart, MediaValidator, catalog_row, is_json_lines
+from vlm_assets.catalog.build import FolderPart, JsonlPart, MediaValidator, catalog_row, is_json_lines
 from vlm_assets.catalog.media_resolution import FileResolver, SourceScope, real_path
 from vlm_assets.catalog.readers.jsonl import IdSurvey, LineRange, entries_at_lines, survey_range
 from vlm_assets.catalog.readers.raw_record import RawRecord
@@ -64,8 +65,23 @@ class FileMark:
         return cls(size, digest.hexdigest(), lines, last == b"\n")
 
 
+class SavedMark:
+    """A read mark kept as JSON beside the catalogue (its dataclass fields)."""
+
+    def save(self, path: Path) -> None:
+        atomic_write_text(path, json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Self | None:
+        """The mark at `path`, or None when there is none, it is unreadable or of another source kind."""
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
 @dataclass(frozen=True)
-class ReadMark:
+class ReadMark(SavedMark):
     """What a build of a JSON-lines source's catalogue read (see the module's docstring)."""
 
     settings: str
@@ -76,16 +92,6 @@ class ReadMark:
     has_objects: bool
     all_have_ids: bool
     catalog_sha256: str
-
-    def save(self, path: Path) -> None:
-        atomic_write_text(path, json.dumps(asdict(self), indent=1) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> ReadMark | None:
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
 
     @property
     def survey(self) -> IdSurvey:
@@ -101,7 +107,7 @@ class Extension:
     """How to extend a catalogue: keep its first `kept_rows` rows, with `rechecked` ones (row index
     -> row) replaced, then read `part`."""
 
-    part: JsonlPart
+    part: JsonlPart | FolderPart
     kept_rows: int
     rechecked: dict[int, dict]
 

@@ -18,8 +18,9 @@ from vlm_assets.catalog.media_checks import MediaCheckLog, media_fingerprint
 from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope, real_path
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
 from vlm_assets.catalog.readers import RawRecord, read_source
+from vlm_assets.catalog.readers.flat_dir import FolderListing
 from vlm_assets.catalog.readers.jsonl import IdSurvey, LineRange, line_ranges, read_jsonl_range, survey_range
-from vlm_assets.catalog.records import is_json_array
+from vlm_assets.catalog.records import RecordLimits, is_json_array
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
 from vlm_assets.config import DEFAULT_MAX_IMAGE_PIXELS, SourceConfig
 from vlm_assets.parallel import ordered_map
@@ -332,9 +333,19 @@ class JsonlPart:
         return LineRange(self.start, real_path(source.path).stat().st_size, self.first_line)
 
 
-def _read_in_ranges(source: SourceConfig, processes: int, part: JsonlPart | None) -> int:
+@dataclass
+class FolderPart:
+    """What of a flat_dir source is read: its record files from the `start`th on (in `listing`'s
+    order). A catalogue extended by added files reads only them, knowing the ids before (`seen`)."""
+
+    listing: FolderListing
+    start: int = 0
+    seen: dict[str, str] = field(default_factory=dict)
+
+
+def _read_in_ranges(source: SourceConfig, processes: int, part: JsonlPart | FolderPart | None) -> int:
     """The bytes per range to read `part` in, or 0 when its records are read here (see RANGE_READING_MIN_BYTES)."""
-    if processes <= 1 or part is None:
+    if processes <= 1 or not isinstance(part, JsonlPart):
         return 0
     size = real_path(source.path).stat().st_size - part.start
     if size < RANGE_READING_MIN_BYTES:
@@ -373,7 +384,7 @@ def iter_catalog_chunks(
     validator: MediaValidator,
     processes: int = 1,
     chunk_work: int = CATALOG_CHUNK_WORK,
-    part: JsonlPart | None = None,
+    part: JsonlPart | FolderPart | None = None,
 ) -> Iterator[list[dict]]:
     """One row per input record, in reading order, a chunk at a time: each record fails alone, none is dropped.
 
@@ -382,7 +393,8 @@ def iter_catalog_chunks(
     sources are read here. Duplicate ids are found here. The rows are the same as with one process.
     `validator` then only gathers the workers' counts and checks. Images are checked against the
     source's `max_image_pixels`. Of a JSON-lines source, only `part` is read (default: all of it);
-    its `survey` is set once the rows start coming.
+    its `survey` is set once the rows start coming. Of a flat_dir source, only the record files of a
+    `FolderPart`.
     """
     validator.max_image_pixels = source.max_image_pixels
     log = validator.check_log
@@ -393,7 +405,10 @@ def iter_catalog_chunks(
     if range_bytes:
         results = _rows_read_in_ranges(source, part, range_bytes, processes, settings)
     else:
-        records = _part_records(source, part) if part is not None else read_source(source)
+        if isinstance(part, FolderPart):
+            records = part.listing.records(RecordLimits.of(source), part.start)
+        else:
+            records = _part_records(source, part) if part is not None else read_source(source)
         chunks = _chunked_by_work(_with_duplicates_marked(records, part.seen if part is not None else {}), chunk_work)
         # Worker processes cost a start-up each; a source of one chunk is done here.
         opening = list(itertools.islice(chunks, 2))

@@ -17,8 +17,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
+from vlm_assets.catalog.appended_files import folder_mark_of, plan_folder_extension
 from vlm_assets.catalog.appending import AppendRefused, FileMark, mark_of, plan_extension
-from vlm_assets.catalog.build import CATALOG_CHUNK_WORK, JsonlPart, MediaValidator, is_json_lines, iter_catalog_chunks
+from vlm_assets.catalog.build import (
+    CATALOG_CHUNK_WORK,
+    FolderPart,
+    JsonlPart,
+    MediaValidator,
+    is_json_lines,
+    iter_catalog_chunks,
+)
+from vlm_assets.catalog.media_resolution import SourceScope
+from vlm_assets.catalog.readers.flat_dir import FolderListing
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK
 from vlm_assets.config import SourceConfig
 from vlm_assets.wording import shortened
@@ -47,8 +57,8 @@ class CatalogSummary:
     multi_turn: int = 0  # ok samples with more than one user/assistant exchange
     media_types: Counter[str] = field(default_factory=Counter)  # of the ok samples
     reject_reasons: Counter[str] = field(default_factory=Counter)  # by reason_kind
-    kept: int = 0  # rows kept from the last build (lines appended to a JSON-lines source)
-    read_in_full: str = ""  # why a JSON-lines source was not read as appended lines only
+    kept: int = 0  # rows kept from the last build (lines appended to a JSON-lines source, files added to a folder)
+    read_in_full: str = ""  # why such a source was not read as its appended records only
 
     @property
     def rejected(self) -> int:
@@ -115,20 +125,25 @@ def write_catalog(
     The validator's check log, if any, is compacted to this build's media once the catalogue is written.
     A source whose files change or vanish while it is read raises SourceChangedError and publishes
     nothing; `excluded` trees (the storage root, the config) are not part of it. With a `read_mark`
-    path, a JSON-lines source's catalogue is extended by its appended lines when it can be
-    (vlm_assets.catalog.appending, under the reading `settings`) and the mark is written after.
+    path, the catalogue of a JSON-lines source is extended by its appended lines, and that of a
+    flat_dir source by its added record files, when it can be (vlm_assets.catalog.appending and
+    .appended_files, under the reading `settings`); the mark is written after.
     """
     summary = CatalogSummary()
     if not source.path.exists():
         raise SourceChangedError(f"source {source.name!r}: {source.path} does not exist (any more)")
     before = source_snapshot(source, excluded)
     extension, part, mark = None, None, None
-    if read_mark is not None and is_json_lines(source):
+    if read_mark is not None and (is_json_lines(source) or source.kind == "flat_dir"):
+        listing = FolderListing(source, SourceScope(source), stamped=True) if source.kind == "flat_dir" else None
         try:
-            extension = plan_extension(source, target, read_mark, settings, text_key, validator)
+            if listing is None:
+                extension = plan_extension(source, target, read_mark, settings, text_key, validator)
+            else:
+                extension = plan_folder_extension(source, target, read_mark, settings, text_key, validator, listing)
         except AppendRefused as refused:
             summary.read_in_full = str(refused)
-        part = extension.part if extension else JsonlPart()
+        part = extension.part if extension else JsonlPart() if listing is None else FolderPart(listing)
     try:
         with atomic_path(target) as tmp:
             with pq.ParquetWriter(tmp, CATALOG_SCHEMA) as writer:
@@ -140,8 +155,10 @@ def write_catalog(
                 for rows in iter_catalog_chunks(source, text_key, validator, processes, chunk_work, part):
                     groups.add(pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA))
                 groups.close()
-            if part is not None:
+            if isinstance(part, JsonlPart):
                 mark = mark_of(source, part, summary.samples, settings, FileMark.of(tmp).sha256)
+            elif part is not None:
+                mark = folder_mark_of(part, summary.samples, settings, FileMark.of(tmp).sha256)
             # Rows read from a source that moved under us would be a partial catalogue that looks complete.
             after = source_snapshot(source, excluded) if source.path.exists() else None
             if after != before:

@@ -2,29 +2,67 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from vlm_assets.catalog.media_resolution import FileResolver, SourceScope, real_path
 from vlm_assets.catalog.readers.raw_record import RawRecord
-from vlm_assets.catalog.readers.source_walk import SourceWalk
+from vlm_assets.catalog.readers.source_walk import SourceWalk, WalkEntry
 from vlm_assets.catalog.records import RecordLimits, parse_bytes
 from vlm_assets.config import SourceConfig
 
 
-def read_flat_dir(source: SourceConfig, scope: SourceScope, limits: RecordLimits) -> Iterator[RawRecord]:
-    root = real_path(source.path)
-    walk = SourceWalk(root, scope, lambda name: name.endswith(".json"))
-    for entry in walk.entries():
-        relative = entry.path.relative_to(root).as_posix()
-        resolver = FileResolver(source.name, scope, [entry.path.parent, root], entry.path, walk.listings.get(entry.path.parent))
-        sample_id = f"{source.name}/{relative}"
+class FolderListing:
+    """A flat_dir source's record files in reading order (sorted by path), its folders walked once.
+
+    `stamped`: each record file's stamp is taken as it is listed (see `stamps`), so before it is
+    read: a file changed while the records are read no longer matches its stamp.
+    """
+
+    def __init__(self, source: SourceConfig, scope: SourceScope, stamped: bool = False) -> None:
+        self.source = source
+        self.scope = scope
+        self.root = real_path(source.path)
+        self.walk = SourceWalk(self.root, scope, lambda name: name.endswith(".json"))
+        self.entries: list[WalkEntry] = self.walk.entries()
+        self.stamps = self._stamps() if stamped else []
+
+    def _stamps(self) -> list[str]:
+        """One line per record file: its path below the root and its size and mtime (or why it is refused)."""
+        stamps = []
+        for entry in self.entries:
+            relative = entry.path.relative_to(self.root).as_posix()
+            if entry.refused:
+                stamps.append(f"{relative}\trefused\t{entry.refused}")
+                continue
+            try:
+                stat = os.stat(entry.path)
+                stamps.append(f"{relative}\t{stat.st_size}:{stat.st_mtime_ns}")
+            except OSError as error:
+                stamps.append(f"{relative}\t{type(error).__name__}")
+        return stamps
+
+    def record(self, index: int, limits: RecordLimits) -> RawRecord:
+        entry = self.entries[index]
+        relative = entry.path.relative_to(self.root).as_posix()
+        resolver = FileResolver(self.source.name, self.scope, [entry.path.parent, self.root], entry.path,
+                                self.walk.listings.get(entry.path.parent))
+        sample_id = f"{self.source.name}/{relative}"
         if entry.refused:
-            yield RawRecord(sample_id, str(entry.path), None, resolver, entry.refused)
-            continue
+            return RawRecord(sample_id, str(entry.path), None, resolver, entry.refused)
         data, error = _read_file(entry.path, limits)
         record, error = (None, error) if data is None else parse_bytes(data, str(entry.path), limits)
-        yield RawRecord(sample_id, str(entry.path), record, resolver, error)
+        return RawRecord(sample_id, str(entry.path), record, resolver, error)
+
+    def records(self, limits: RecordLimits, start: int = 0) -> Iterator[RawRecord]:
+        """The raw records of the record files from the `start`th on."""
+        for index in range(start, len(self.entries)):
+            yield self.record(index, limits)
+
+
+def read_flat_dir(source: SourceConfig, scope: SourceScope, limits: RecordLimits) -> Iterator[RawRecord]:
+    yield from FolderListing(source, scope).records(limits)
 
 
 def _read_file(path: Path, limits: RecordLimits) -> tuple[bytes | None, str]:

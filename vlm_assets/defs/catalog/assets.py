@@ -95,7 +95,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         chunks.save(vlm_config.layout.chunk_plan(source.name))
     _register_chunk_indices(context.instance, len(chunks))
     if summary.kept:
-        context.log.info(f"{source.name}: kept the {plural(summary.kept, 'row')} read before; read only the appended lines")
+        context.log.info(f"{source.name}: kept the {plural(summary.kept, 'row')} read before; read only the appended records")
     elif summary.read_in_full:
         context.log.info(f"{source.name}: read in full: {summary.read_in_full}")
     context.log.info(
