@@ -1,9 +1,11 @@
 """What a rebuild costs after records are appended to a source, with what vlm-assets keeps between builds.
 
-    .venv/bin/python bench/append.py [--samples 100000] [--append-share 0.005] [--workers 2]
+    .venv/bin/python bench/append.py [--samples 100000] [--append-share 0.005] [--workers 2] [--kind flat_dir]
 
 One generated image source (bench/scale.py's: small JPEG/PNG images, one- or two-turn
-conversations, one image per sample) as a jsonl manifest, built to its Energon dataset by
+conversations, one image per sample) as a jsonl manifest (`--kind flat_dir`: as a folder of one
+JSON file per record, each beside its image; the appended records are new files sorting last),
+built to its Energon dataset by
 `vlm-assets run --workers N --select energon_dataset` on three sites, then --append-share more
 records appended to the manifest and each site built again:
 
@@ -26,6 +28,8 @@ rebuild rewrote (a changed modification time).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import resource
 import shutil
 import subprocess
@@ -46,7 +50,7 @@ STEPS = ("sample_catalog", "sample_length_chunk", "sample_lengths", "packing_bin
 CONFIG = """\
 storage: {{root: {root}}}
 sources:
-  - {{name: images, kind: jsonl, path: {manifest}, media_root: {media}}}
+  - {source}
 model: {{processor: embedded, processor_kwargs: {{min_pixels: 3136, max_pixels: 200704}}}}
 sample: {{sample_type: packed_multi_mix_qa, max_token_len: 8192}}
 packing: {{mode: {mode}, min_fill_ratio: 0.0}}
@@ -69,6 +73,26 @@ def build(site: Path, workers: int) -> Measured:
     return measured
 
 
+def write_records(site: Path, kind: str, lines: list[str], first: int, media: Path) -> None:
+    """Add `lines` (records from number `first` on) to the site's source."""
+    if kind == "jsonl":
+        with open(site / "images.jsonl", "a", encoding="utf-8") as manifest:
+            manifest.write("".join(lines))
+        return
+    folder = site / "images"
+    folder.mkdir(exist_ok=True)
+    for number, line in enumerate(lines, start=first):
+        (folder / f"{number:07d}.json").write_text(line, encoding="utf-8")
+        image = json.loads(line)["images"][0]
+        os.link(media / image, folder / image)
+
+
+def source_entry(site: Path, kind: str, media: Path) -> str:
+    if kind == "jsonl":
+        return f"{{name: images, kind: jsonl, path: {site / 'images.jsonl'}, media_root: {media}}}"
+    return f"{{name: images, kind: flat_dir, path: {site / 'images'}}}"
+
+
 def shard_times(site: Path) -> dict[str, int]:
     return {path.name: path.stat().st_mtime_ns for path in sorted((site / "vlm_data" / "packed_wds" / "images").glob("*.tar"))}
 
@@ -79,6 +103,7 @@ def main() -> int:
     parser.add_argument("--append-share", type=float, default=0.005, help="records appended, as a share of --samples")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--sites", default=",".join(SITES), help=f"comma-separated, of {', '.join(SITES)}")
+    parser.add_argument("--kind", choices=("jsonl", "flat_dir"), default="jsonl", help="the source's kind")
     args = parser.parse_args()
     sites = [name for name in SITES if name in args.sites.split(",")]
     extra = max(1, int(args.samples * args.append_share))
@@ -86,17 +111,17 @@ def main() -> int:
     inputs = OUT / "inputs"
     grown = write_source(inputs, args.samples + extra, "images")  # its first --samples lines are the small one's
     lines = grown.read_text(encoding="utf-8").splitlines(keepends=True)
-    print(f"source: {args.samples} records, then {extra} appended ({args.append_share:.1%}); {args.workers} workers")
+    print(f"{args.kind} source: {args.samples} records, then {extra} appended ({args.append_share:.1%}); "
+          f"{args.workers} workers")
 
     first: dict[str, Measured] = {}
     for name in sites:
         site = OUT / "sites" / name
         shutil.rmtree(site, ignore_errors=True)
         site.mkdir(parents=True)
-        manifest = site / "images.jsonl"
-        manifest.write_text("".join(lines[:args.samples]), encoding="utf-8")
+        write_records(site, args.kind, lines[:args.samples], 0, inputs / "media")
         (site / "vlm_assets.yaml").write_text(CONFIG.format(
-            root=site / "vlm_data", manifest=manifest, media=inputs / "media",
+            root=site / "vlm_data", source=source_entry(site, args.kind, inputs / "media"),
             mode="append" if name.startswith("append") else "full"), encoding="utf-8")
         first[name] = build(site, args.workers)
 
@@ -113,8 +138,7 @@ def main() -> int:
             shutil.rmtree(site / "vlm_data" / "spool" / "shards")
             shutil.rmtree(site / "vlm_data" / "spool" / "energon")
         shards_before = shard_times(site)
-        with open(site / "images.jsonl", "a", encoding="utf-8") as manifest:
-            manifest.write("".join(lines[args.samples:]))
+        write_records(site, args.kind, lines[args.samples:], args.samples, inputs / "media")
         rebuild = build(site, args.workers)
         after = shard_times(site)
         rewritten = sum(1 for shard, mtime in shards_before.items() if after.get(shard) != mtime)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
@@ -40,7 +41,6 @@ CATALOG_SCHEMA = pa.schema([
 ])
 # Rows per parquet row group: chunks are small (they balance the workers), row groups need not be.
 ROWS_PER_WRITE = 8192
-SUMMARY_COLUMNS = ["status", "reason", "media_type", "n_turns"]
 REASON_CHARS = 120
 # A reason ends with where the sample came from ("[file:line]"); the UI groups reasons without it.
 _ORIGIN_SUFFIX = re.compile(r"\s*\[.*\]$")
@@ -64,15 +64,18 @@ class CatalogSummary:
     def rejected(self) -> int:
         return self.samples - self.ok
 
-    def add(self, rows: list[dict]) -> None:
-        self.samples += len(rows)
-        for row in rows:
-            if row["status"] == STATUS_OK:
-                self.ok += 1
-                self.media_types[row["media_type"]] += 1
-                self.multi_turn += row["n_turns"] > 2
-            else:
-                self.reject_reasons[reason_kind(row["reason"])] += 1
+    def add(self, table: pa.Table) -> None:
+        """Count the catalogue rows of `table`, by column (a kept catalogue's million rows take a second)."""
+        ok = pc.equal(table.column("status"), STATUS_OK)
+        accepted = table.filter(ok)
+        self.samples += table.num_rows
+        self.ok += accepted.num_rows
+        # value_counts lists values in order of first appearance, as counting row by row would.
+        for count in pc.value_counts(accepted.column("media_type")).to_pylist():
+            self.media_types[count["values"]] += count["counts"]
+        self.multi_turn += pc.sum(pc.greater(accepted.column("n_turns"), 2)).as_py() or 0
+        for reason in table.filter(pc.invert(ok)).column("reason").to_pylist():
+            self.reject_reasons[reason_kind(reason)] += 1
 
 
 class SourceChangedError(RuntimeError):
@@ -191,7 +194,7 @@ class _RowGroups:
         self.pending_rows = 0
 
     def add(self, table: pa.Table) -> None:
-        self.summary.add(table.select(SUMMARY_COLUMNS).to_pylist())
+        self.summary.add(table)
         self.pending.append(table)
         self.pending_rows += table.num_rows
         if self.pending_rows < ROWS_PER_WRITE:

@@ -1,7 +1,8 @@
 """Resources shared by every domain: the user's config, the storage layout under it, and the HF processor."""
 
 import contextlib
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from functools import cached_property
 from typing import Any
 
@@ -30,6 +31,28 @@ def versioned(metadata: dict[str, Any], fingerprint: str, data_version: str | No
 def step_progress(context: dg.AssetExecutionContext, unit: str) -> ProgressFile:
     """Where this step reports how far it is, for the progress bars of `vlm-assets run`."""
     return ProgressFile(context.asset_key.to_user_string(), context.partition_key if context.has_partition_key else None, unit)
+
+
+# Each log line is an event written to the instance's storage (tens of milliseconds on sqlite): a
+# line per batch would cost a big source's step half a minute, and bury its other lines in the UI.
+PROGRESS_LOG_EVERY_S = 15.0
+
+
+class LoggedProgress:
+    """A long step's progress: the `vlm-assets run` bar (step_progress), and a line of the run's log
+    (`line(done, total)`) at most every PROGRESS_LOG_EVERY_S seconds and when the step is done."""
+
+    def __init__(self, context: dg.AssetExecutionContext, unit: str, line: Callable[[int, int | None], str]) -> None:
+        self.bar = step_progress(context, unit)
+        self.log = context.log
+        self.line = line
+        self.logged_at = time.monotonic()
+
+    def update(self, done: int, total: int | None = None) -> None:
+        self.bar.update(done, total)
+        if time.monotonic() - self.logged_at >= PROGRESS_LOG_EVERY_S or (total is not None and done >= total):
+            self.logged_at = time.monotonic()
+            self.log.info(self.line(done, total))
 
 
 def latest_materialization(instance: dg.DagsterInstance, asset: str, partition: str | None) -> dg.EventLogRecord | None:

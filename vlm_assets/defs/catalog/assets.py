@@ -21,8 +21,8 @@ from vlm_assets.defs.resources import (
     SOURCE_CHUNKS_PARTITIONS,
     SOURCES_PARTITIONS,
     HFProcessor,
+    LoggedProgress,
     VlmConfig,
-    step_progress,
     versioned,
 )
 from vlm_assets.defs.tags import CHUNKED_TAG, FORCE_TAG
@@ -73,7 +73,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         # Recorded before the materialisation, so the UI compares later observations with what this read.
         context.log_event(source_files_observation(source, files_digest))
     fingerprint = fingerprints.of("sample_catalog", source.name)
-    progress = step_progress(context, "records")
+    progress = LoggedProgress(context, "records", lambda done, _total: f"{plural(done, 'record')} catalogued")
     context.log.info(f"cataloguing {source.kind} source {source.name!r} at {source.path}")
     path = vlm_config.layout.catalog(source.name)
     with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
@@ -86,7 +86,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
             read_mark.unlink(missing_ok=True)  # `run --force` reads every record again
         summary = write_catalog(
             source, path, app.sample.text_key, validator, step_processes(),
-            progress=lambda n: (context.log.info(f"{plural(n, 'record')} catalogued"), progress.update(n)),
+            progress=progress.update,
             excluded=[app.storage_root, app.path],
             read_mark=read_mark,
             settings=reading_settings(source, fingerprints.versions["sample_catalog"]),
@@ -152,14 +152,11 @@ def _measure_lengths(context: dg.AssetExecutionContext, vlm_config: VlmConfig, s
         context.log.info(f"processor {profile.describe()}")
         check_model_type(app.model, profile)
 
-    bar = step_progress(context, "samples")
-
-    def progress(done: int, total: int) -> None:
-        context.log.info(f"{context.partition_key}: token lengths {done}/{total}")
-        bar.update(done, total)
+    progress = LoggedProgress(context, "samples",
+                              lambda done, total: f"{context.partition_key}: token lengths {done}/{total}")
 
     summary = write_length_table(
-        layout.catalog(source.name), target, app.model, app.frame_cache, step_processes(), progress,
+        layout.catalog(source.name), target, app.model, app.frame_cache, step_processes(), progress.update,
         reject_control_tokens=source.rejects_control_tokens, on_processor_loaded=loaded, store=store, rows=rows,
     )
     if summary.reused_rows:
