@@ -251,6 +251,29 @@ def test_a_check_log_is_rewritten_only_when_it_holds_more_than_the_build_used(tm
     assert [json.loads(line)["ref"] for line in log_path.read_text().splitlines()] == [files[0]]
 
 
+def test_a_check_log_read_in_parts_gives_every_pass_and_knows_when_it_needs_rewriting(tmp_path, monkeypatch):
+    from vlm_assets.catalog import media_checks
+
+    monkeypatch.setattr(media_checks, "_PARSE_BYTES", 200)  # a few lines per parse
+    lines = [json.dumps({"ref": f"/m/{number}.jpg", "fingerprint": f"{number}:1:image@1px"}) for number in range(50)]
+    log_path = tmp_path / "checks.jsonl"
+
+    def used_in_full(text: str) -> bool:
+        """Whether every pass was read back; then whether the log was rewritten to its 50 lines."""
+        log_path.write_text(text)
+        inode = log_path.stat().st_ino
+        log = MediaCheckLog(log_path)
+        assert all(log.passed(f"/m/{n}.jpg", f"{n}:1:image@1px") for n in range(50))
+        log.compact()
+        assert log_path.read_text() == "\n".join(lines) + "\n"
+        return log_path.stat().st_ino != inode
+
+    assert not used_in_full("\n".join(lines) + "\n")  # already just that: left as it is
+    assert used_in_full("\n".join(lines[:20] + ["{cut", *lines[20:]]) + "\n")  # a bad line mid-way
+    assert used_in_full("\n".join(lines + [lines[3]]) + "\n")  # a ref twice
+    assert used_in_full("\n".join(lines) + "\n" + lines[10][:15])  # a last line cut short
+
+
 def test_a_source_that_changes_or_vanishes_while_read_publishes_no_catalogue(tmp_path):
     import pytest
     from PIL import Image
