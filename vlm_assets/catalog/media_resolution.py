@@ -78,7 +78,8 @@ class FileResolver:
         self, source: str, scope: SourceScope, search_dirs: list[Path], stem_of: Path | None = None,
         stem_folder: list[str] | None = None,
     ) -> None:
-        """`stem_folder`: the names in `stem_of`'s folder, when already listed (else it is listed here)."""
+        """`stem_folder`: the names in `stem_of`'s folder, when already listed (else it is listed here);
+        those starting with its stem and a dot are enough (the only ones same-stem media are taken from)."""
         self.source = source
         self.scope = scope
         self.search_dirs = list(dict.fromkeys(search_dirs))

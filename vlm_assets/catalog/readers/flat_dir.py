@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,8 +47,9 @@ class FolderListing:
     def record(self, index: int, limits: RecordLimits) -> RawRecord:
         entry = self.entries[index]
         relative = entry.path.relative_to(self.root).as_posix()
+        folder = self.walk.listings.get(entry.path.parent)
         resolver = FileResolver(self.source.name, self.scope, [entry.path.parent, self.root], entry.path,
-                                self.walk.listings.get(entry.path.parent))
+                                None if folder is None else names_starting(folder, f"{entry.path.stem}."))
         sample_id = f"{self.source.name}/{relative}"
         if entry.refused:
             return RawRecord(sample_id, str(entry.path), None, resolver, entry.refused)
@@ -59,6 +61,17 @@ class FolderListing:
         """The raw records of the record files from the `start`th on."""
         for index in range(start, len(self.entries)):
             yield self.record(index, limits)
+
+
+def names_starting(names: list[str], prefix: str) -> list[str]:
+    """The names in sorted `names` that start with `prefix`. A record carries only these, not its folder's
+    whole listing: looking through (and sending to a worker) a million names per record would make a big
+    folder's catalogue quadratic."""
+    first = bisect.bisect_left(names, prefix)
+    last = first
+    while last < len(names) and names[last].startswith(prefix):
+        last += 1
+    return names[first:last]
 
 
 def read_flat_dir(source: SourceConfig, scope: SourceScope, limits: RecordLimits) -> Iterator[RawRecord]:
