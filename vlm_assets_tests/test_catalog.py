@@ -279,6 +279,7 @@ def test_a_source_that_changes_or_vanishes_while_read_publishes_no_catalogue(tmp
     from PIL import Image
 
     from vlm_assets.catalog.table import SourceChangedError, write_catalog
+    from vlm_assets.fingerprints import source_snapshot, walk_source
 
     source_dir = tmp_path / "entry"
     source_dir.mkdir()
@@ -297,6 +298,14 @@ def test_a_source_that_changes_or_vanishes_while_read_publishes_no_catalogue(tmp
 
     with pytest.raises(SourceChangedError, match=r"'inbox-entry': .*entry changed \(4 files, .* after\)"):
         write_catalog(source, target, "messages", CopyStillArriving())
+    assert not target.exists()
+
+    # The step passes the snapshot of the walk its source digest came from: an edit after that walk counts.
+    walked = walk_source(source, [tmp_path / "out"])
+    assert walked.snapshot == source_snapshot(source, [tmp_path / "out"]) == (5, walked.snapshot[1], walked.snapshot[2])
+    (source_dir / "3.json").write_text(json.dumps({"messages": [{"role": "user", "content": "edited after the walk"}]}))
+    with pytest.raises(SourceChangedError, match=r"entry changed \(5 files, .* after\)"):
+        write_catalog(source, target, "messages", MediaValidator(), before=walked.snapshot)
     assert not target.exists()
 
     class Deleted(MediaValidator):

@@ -6,7 +6,6 @@ needs memory for the chunks in flight and the counts below, not for the whole so
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +31,7 @@ from vlm_assets.catalog.media_resolution import SourceScope
 from vlm_assets.catalog.readers.flat_dir import FolderListing
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK
 from vlm_assets.config import SourceConfig
+from vlm_assets.fingerprints import Snapshot, source_snapshot
 from vlm_assets.wording import shortened
 
 LIST_COLUMNS = ("media_files", "media_kinds", "media_refs", "media_keys")
@@ -82,35 +82,6 @@ class SourceChangedError(RuntimeError):
     """The source's files changed (or vanished) while its catalogue was being read: no catalogue is published."""
 
 
-def source_snapshot(source: SourceConfig, excluded: Iterable[Path] = ()) -> tuple[int, int, int]:
-    """(files, bytes, newest mtime) of what the source's records are read from: its path, and a media
-    root of its own (not one it shares with others, such as the folder a manifest sits in). Hidden
-    entries and `excluded` trees (our own outputs, the config) are left out, as in its fingerprint."""
-    skip = {os.path.realpath(path) for path in excluded}
-    roots = [source.path]
-    if source.media_root != source.path and source.media_root not in source.path.parents:
-        roots.append(source.media_root)
-    files = size = newest = 0
-    for root in roots:
-        for path in _visible_files(root, skip):
-            try:
-                stat = os.stat(path)
-            except OSError:  # gone since it was listed: the next snapshot differs anyway
-                continue
-            files, size, newest = files + 1, size + stat.st_size, max(newest, stat.st_mtime_ns)
-    return files, size, newest
-
-
-def _visible_files(root: Path, skip: set[str]) -> Iterator[str]:
-    if root.is_file():
-        yield str(root)
-        return
-    for directory, subdirectories, names in os.walk(root, followlinks=True):
-        subdirectories[:] = [name for name in subdirectories if not name.startswith(".")
-                             and os.path.realpath(os.path.join(directory, name)) not in skip]
-        yield from (os.path.join(directory, name) for name in names if not name.startswith("."))
-
-
 def write_catalog(
     source: SourceConfig,
     target: Path,
@@ -122,6 +93,7 @@ def write_catalog(
     excluded: Iterable[Path] = (),
     read_mark: Path | None = None,
     settings: str = "",
+    before: Snapshot | None = None,
 ) -> CatalogSummary:
     """Build `source`'s catalogue into `target` (atomically). `progress(rows so far)` after each write.
 
@@ -130,12 +102,15 @@ def write_catalog(
     nothing; `excluded` trees (the storage root, the config) are not part of it. With a `read_mark`
     path, the catalogue of a JSON-lines source is extended by its appended lines, and that of a
     flat_dir source by its added record files, when it can be (vlm_assets.catalog.appending and
-    .appended_files, under the reading `settings`); the mark is written after.
+    .appended_files, under the reading `settings`); the mark is written after. `before`: the source's
+    snapshot when it was last walked (vlm_assets.fingerprints.walk_source), if that walk came before
+    this call; otherwise it is walked here.
     """
     summary = CatalogSummary()
     if not source.path.exists():
         raise SourceChangedError(f"source {source.name!r}: {source.path} does not exist (any more)")
-    before = source_snapshot(source, excluded)
+    if before is None:
+        before = source_snapshot(source, excluded)
     extension, part, mark = None, None, None
     if read_mark is not None and (is_json_lines(source) or source.kind == "flat_dir"):
         listing = FolderListing(source, SourceScope(source), stamped=True) if source.kind == "flat_dir" else None

@@ -68,7 +68,8 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
     app = vlm_config.app
     source = vlm_config.source(context.partition_key)
     fingerprints = vlm_config.fingerprints(context.instance)
-    files_digest = fingerprints.source_files(source.name)
+    walked = fingerprints.source_walk(source.name)
+    files_digest = walked.digest
     if observed_digest(context.instance, source.name) != files_digest:
         # Recorded before the materialisation, so the UI compares later observations with what this read.
         context.log_event(source_files_observation(source, files_digest))
@@ -87,9 +88,10 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         summary = write_catalog(
             source, path, app.sample.text_key, validator, step_processes(),
             progress=progress.update,
-            excluded=[app.storage_root, app.path],
+            excluded=fingerprints.excluded,
             read_mark=read_mark,
             settings=reading_settings(source, fingerprints.versions["sample_catalog"]),
+            before=walked.snapshot,  # the walk above came before any record is read
         )
         chunks = plan_chunks(path, source.chunk_rows)
         chunks.save(vlm_config.layout.chunk_plan(source.name))
