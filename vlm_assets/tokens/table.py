@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
@@ -312,37 +313,63 @@ def rows_to_recheck(catalog: Path, lengths: Path, per_kind: int, seed: int = 0) 
     """Up to `per_kind` ok rows of each sample kind, chosen at random (`seed`), read a chunk at a time.
 
     The catalogue and the length table have the same rows in the same order, so they are read
-    side by side; reservoir sampling keeps memory to the chosen rows whatever the source's size.
+    side by side, by column: a first pass counts the ok rows of each kind, the chosen ones (by
+    their rank among their kind) are taken in a second. Memory holds a batch and the chosen rows
+    whatever the source's size.
     """
-    rng = random.Random(seed)
     selection = RecheckSelection()
-    reservoirs: dict[str, list[tuple[str, int]]] = {kind: [] for kind in SAMPLE_KINDS}
+    ok_by_kind = np.zeros(len(SAMPLE_KINDS), dtype=np.int64)
+    for catalog_batch, length_batch, kinds, ok in _recheck_batches(catalog, lengths):
+        selection.catalog_ok += pc.sum(pc.equal(catalog_batch.column("status"), STATUS_OK)).as_py() or 0
+        failed = pc.starts_with(length_batch.column("reason"), PROCESSOR_CALL_FAILED).fill_null(False)
+        selection.processor_failure_count += pc.sum(failed).as_py() or 0
+        for row in length_batch.filter(failed).slice(0, 5 - len(selection.processor_failures)).to_pylist():
+            selection.processor_failures.append({"sample_id": row["sample_id"], "reason": row["reason"]})
+        ok_by_kind += np.bincount(kinds[ok], minlength=len(SAMPLE_KINDS))
+    rng = random.Random(seed)
+    ranks = [np.sort(rng.sample(range(count), min(per_kind, count))) for count in ok_by_kind.tolist()]
+    chosen: list[list[tuple[str, int]]] = [[] for _ in SAMPLE_KINDS]
+    seen = np.zeros(len(SAMPLE_KINDS), dtype=np.int64)
+    for _catalog_batch, length_batch, kinds, ok in _recheck_batches(catalog, lengths):
+        for kind in range(len(SAMPLE_KINDS)):
+            rows = np.flatnonzero(ok & (kinds == kind))
+            picked = rows[np.isin(np.arange(seen[kind], seen[kind] + len(rows)), ranks[kind])]
+            seen[kind] += len(rows)
+            if len(picked):
+                taken = length_batch.select(["sample_id", "token_len"]).take(pa.array(picked))
+                chosen[kind].extend(zip(taken.column("sample_id").to_pylist(), taken.column("token_len").to_pylist()))
+    for kind, rows in zip(SAMPLE_KINDS, chosen):
+        if ok_by_kind[SAMPLE_KINDS.index(kind)]:
+            selection.ok_by_kind[kind] = int(ok_by_kind[SAMPLE_KINDS.index(kind)])
+        for sample_id, token_len in rows:
+            selection.chosen[sample_id] = token_len
+            selection.kind_of[sample_id] = kind
+    return selection
+
+
+def _recheck_batches(catalog: Path, lengths: Path) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch, np.ndarray, np.ndarray]]:
+    """(catalogue batch, length batch, each row's index in SAMPLE_KINDS, whether its length is ok)."""
     batch_rows = LENGTH_CHUNK_ROWS * 8
     catalog_batches = parquet_batches(catalog, ["sample_id", "status", "media_kinds"], batch_rows)
     length_batches = parquet_batches(lengths, ["sample_id", "status", "reason", "token_len"], batch_rows)
     for catalog_batch, length_batch in zip(catalog_batches, length_batches, strict=True):
-        catalog_rows = catalog_batch.to_pylist()
-        for row, (sample_id, status, reason, token_len) in zip(
-            catalog_rows, zip(*(column.to_pylist() for column in length_batch.columns)), strict=True
-        ):
-            if row["sample_id"] != sample_id:
-                raise ValueError(f"{lengths}: row {sample_id!r} stands where the catalogue has {row['sample_id']!r}")
-            selection.catalog_ok += row["status"] == STATUS_OK
-            if reason.startswith(PROCESSOR_CALL_FAILED):
-                selection.processor_failure_count += 1
-                if len(selection.processor_failures) < 5:
-                    selection.processor_failures.append({"sample_id": sample_id, "reason": reason})
-            if status != STATUS_OK:
-                continue
-            kind = sample_kind(row["media_kinds"])
-            selection.ok_by_kind[kind] += 1
-            seen, reservoir = selection.ok_by_kind[kind], reservoirs[kind]
-            if len(reservoir) < per_kind:
-                reservoir.append((sample_id, token_len))
-            elif (slot := rng.randrange(seen)) < per_kind:
-                reservoir[slot] = (sample_id, token_len)
-    for kind, reservoir in reservoirs.items():
-        for sample_id, token_len in reservoir:
-            selection.chosen[sample_id] = token_len
-            selection.kind_of[sample_id] = kind
-    return selection
+        same = pc.equal(catalog_batch.column("sample_id"), length_batch.column("sample_id")).fill_null(False)
+        if not pc.all(same).as_py():
+            row = int(np.flatnonzero(~same.to_numpy(zero_copy_only=False))[0])
+            raise ValueError(f"{lengths}: row {length_batch.column('sample_id')[row].as_py()!r} stands where the "
+                             f"catalogue has {catalog_batch.column('sample_id')[row].as_py()!r}")
+        ok = pc.equal(length_batch.column("status"), STATUS_OK).fill_null(False).to_numpy(zero_copy_only=False)
+        yield catalog_batch, length_batch, _kind_indices(catalog_batch.column("media_kinds")), ok
+
+
+def _kind_indices(media_kinds: pa.Array) -> np.ndarray:
+    """`sample_kind` of every row, as its index in SAMPLE_KINDS, counted by column."""
+    rows = len(media_kinds)
+    flat, parents = pc.list_flatten(media_kinds), pc.list_parent_indices(media_kinds).to_numpy()
+
+    def per_row(kind: str) -> np.ndarray:
+        return np.bincount(parents[pc.equal(flat, kind).fill_null(False).to_numpy(zero_copy_only=False)], minlength=rows)
+
+    images, videos = per_row("image"), per_row("video")
+    by_images = np.minimum(images, 2)  # text, single_image, multi_image
+    return np.where(videos > 0, np.where(images > 0, 4, 3), by_images)
