@@ -211,13 +211,16 @@ def test_a_check_log_cut_short_keeps_what_it_proved(tmp_path, shared_data):
     assert (resumed.decoded, resumed.remembered) == (2, 2)
 
 
+def _two_media_files(folder: Path) -> list[str]:
+    for name in ("a.jpg", "b.jpg"):
+        (folder / name).write_bytes(name.encode())
+    return [str(folder / "a.jpg"), str(folder / "b.jpg")]
+
+
 def test_a_check_log_is_rewritten_only_when_it_holds_more_than_the_build_used(tmp_path):
     from vlm_assets.catalog.media_checks import media_fingerprint
 
-    files = []
-    for name in ("a.jpg", "b.jpg"):
-        (tmp_path / name).write_bytes(name.encode())
-        files.append(str(tmp_path / name))
+    files = _two_media_files(tmp_path)
     log_path = tmp_path / "checks.jsonl"
     log = MediaCheckLog(log_path)
     for ref in files:
@@ -249,6 +252,30 @@ def test_a_check_log_is_rewritten_only_when_it_holds_more_than_the_build_used(tm
     assert fourth.passed(files[0], media_fingerprint(files[0], "image"))
     fourth.compact()
     assert [json.loads(line)["ref"] for line in log_path.read_text().splitlines()] == [files[0]]
+
+
+def test_a_check_log_reader_sees_the_passes_and_leaves_what_it_proves_to_be_adopted(tmp_path):
+    from vlm_assets.catalog.media_checks import media_fingerprint
+
+    files = _two_media_files(tmp_path)
+    log_path = tmp_path / "checks.jsonl"
+    log = MediaCheckLog(log_path)
+    log.record_pass(files[0], media_fingerprint(files[0], "image"))
+    lines_before = log_path.read_text()
+
+    # What a chunk worker in the build's own process reads: the build's passes, without its file.
+    reader = log.reader()
+    assert reader.passed(files[0], media_fingerprint(files[0], "image"))
+    reader.record_pass(files[1], media_fingerprint(files[1], "image"))
+    assert log_path.read_text() == lines_before  # the reader never writes
+    assert not log.passed(files[1], media_fingerprint(files[1], "image"))  # nor adds to the build's passes
+    used = reader.take_used()
+    assert set(used) == set(files)
+
+    log.adopt(used)  # as the build does with every worker's chunk: the new pass is recorded once
+    log.compact()
+    assert sorted(json.loads(line)["ref"] for line in log_path.read_text().splitlines()) == files
+    assert MediaCheckLog(log_path).passed(files[1], media_fingerprint(files[1], "image"))
 
 
 def test_a_check_log_read_in_parts_gives_every_pass_and_knows_when_it_needs_rewriting(tmp_path, monkeypatch):

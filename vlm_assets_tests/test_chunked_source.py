@@ -19,6 +19,7 @@ from PIL import Image
 
 from vlm_assets.catalog.build import MediaValidator, build_catalog, iter_catalog_chunks, read_catalog
 from vlm_assets.catalog.lookup import SampleLookup
+from vlm_assets.catalog import media_checks
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
@@ -67,7 +68,7 @@ def catalog(big_source, tmp_path_factory) -> Path:
     return path
 
 
-def test_catalogue_on_two_processes_equals_one_process(big_source, catalog, tmp_path):
+def test_catalogue_on_two_processes_equals_one_process(big_source, catalog, tmp_path, monkeypatch):
     checks = tmp_path / "media_checks.jsonl"
     one = tmp_path / "one.parquet"
     summary = write_catalog(big_source, one, "messages", MediaValidator(check_log=MediaCheckLog(checks)), 1)
@@ -84,7 +85,10 @@ def test_catalogue_on_two_processes_equals_one_process(big_source, catalog, tmp_
     # Workers report the media they checked; the build records them once, so a rebuild on two
     # processes decodes nothing and the log still lists every image the catalogue uses.
     again = MediaValidator(check_log=MediaCheckLog(checks))
+    parsed_here, read_log = [], media_checks._read_log
+    monkeypatch.setattr(media_checks, "_read_log", lambda path: parsed_here.append(path) or read_log(path))
     write_catalog(big_source, tmp_path / "again.parquet", "messages", again, 2, chunk_work=CHUNK_ROWS)
+    assert parsed_here == []  # the chunk worker of this process reads the build's log, not its file again
     assert again.decoded == 0 and again.remembered >= 12  # each worker looks its images up once
     assert len(checks.read_text().splitlines()) == 12
     assert (tmp_path / "again.parquet").read_bytes() == catalog.read_bytes()

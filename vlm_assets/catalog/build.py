@@ -267,13 +267,17 @@ def _chunked_by_work(records: Iterator[RawRecord], work_per_chunk: int) -> Itera
 
 # The validator of a chunk worker process (set up by _start_chunk_worker).
 _chunk_worker: dict[str, Any] = {}
+# The check logs of builds running in this process, by path: a chunk worker set up here reads them.
+_open_logs: dict[Path, MediaCheckLog] = {}
 
 
 def _start_chunk_worker(
     source: SourceConfig, text_key: str, num_frames: int, check_log: Path | None, mosaic_spool: MosaicSpool | None,
 ) -> None:
     # The worker's log is read-only: it reports its checks with each chunk and the build records them.
-    log = MediaCheckLog(check_log, append=False) if check_log is not None else None
+    log = None
+    if check_log is not None:
+        log = _open_logs[check_log].reader() if check_log in _open_logs else MediaCheckLog(check_log, append=False)
     validator = MediaValidator(num_frames, log, mosaic_spool, source.max_image_pixels)
     _chunk_worker.update(source=source.name, text_key=text_key, validator=validator, config=source,
                          scope=SourceScope(source))
@@ -286,6 +290,10 @@ def _checked_chunk(records: list[RawRecord]) -> tuple[list[dict], dict[str, str]
     rows = [catalog_row(raw, _chunk_worker["source"], _chunk_worker["text_key"], validator) for raw in records]
     used = validator.check_log.take_used() if validator.check_log is not None else {}
     return rows, used, validator.decoded - decoded, validator.remembered - remembered
+
+
+def _start_surveying(source: SourceConfig) -> None:
+    _chunk_worker.update(config=source)
 
 
 def _surveyed_range(lines: LineRange) -> IdSurvey:
@@ -370,7 +378,7 @@ def _rows_read_in_ranges(source: SourceConfig, part: JsonlPart, range_bytes: int
     marked here, in reading order, as _with_duplicates_marked marks them.
     """
     ranges = list(line_ranges(real_path(source.path), range_bytes, part.start, part.first_line))
-    surveys = list(ordered_map(_surveyed_range, ranges, processes, _start_chunk_worker, settings))
+    surveys = list(ordered_map(_surveyed_range, ranges, processes, _start_surveying, (source,)))
     part.survey = sum(surveys, part.before)
     first_numbers = itertools.accumulate((survey.records for survey in surveys[:-1]), initial=part.first_number)
     tasks = zip(ranges, first_numbers, itertools.repeat(part.survey.use_ids))
@@ -418,12 +426,18 @@ def iter_catalog_chunks(
                 yield [catalog_row(raw, source.name, text_key, validator) for raw in chunk]
             return
         results = ordered_map(_checked_chunk, chunks, processes, _start_chunk_worker, settings)
-    for rows, used, decoded, remembered in results:
+    if log is not None:
+        _open_logs[log.path] = log
+    try:
+        for rows, used, decoded, remembered in results:
+            if log is not None:
+                log.adopt(used)
+            validator.decoded += decoded
+            validator.remembered += remembered
+            yield rows
+    finally:
         if log is not None:
-            log.adopt(used)
-        validator.decoded += decoded
-        validator.remembered += remembered
-        yield rows
+            _open_logs.pop(log.path, None)
 
 
 def build_catalog(source: SourceConfig, text_key: str = "messages", validator: MediaValidator | None = None) -> pd.DataFrame:

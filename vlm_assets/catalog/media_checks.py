@@ -8,8 +8,11 @@ it is checked again on the next build.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+from collections import ChainMap
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import TextIO
 
@@ -33,6 +36,7 @@ class MediaCheckLog:
     def __init__(self, path: Path, append: bool = True) -> None:
         self.path = path
         self.append = append
+        self._passed: MutableMapping[str, str]
         self._passed, self._file_is_compact = _read_log(path)
         self._used: dict[str, str] = {}
         self._appender: TextIO | None = None
@@ -68,6 +72,14 @@ class MediaCheckLog:
                 return ref
             self._used[ref] = fingerprint
         return ""
+
+    def reader(self) -> MediaCheckLog:
+        """A log over this one's passes that never writes its file, as a chunk worker's is, for a
+        worker in this same process: the passes are not parsed (and held) a second time."""
+        reader = copy.copy(self)
+        reader.append, reader._appender, reader._used = False, None, {}
+        reader._passed = ChainMap({}, self._passed)  # what the reader proves stays its own, to be adopted
+        return reader
 
     def take_used(self) -> dict[str, str]:
         """The checks passed or remembered since the last call."""
