@@ -199,6 +199,10 @@ class Fingerprints:
             self._source_files[source] = walk_source(self.sources[source], self.excluded)
         return self._source_files[source]
 
+    def assume_walked(self, source: str, files: SourceFiles) -> None:
+        """Take `files` as the source's files now, without walking them (the caller proves they are)."""
+        self._source_files[source] = files
+
     @property
     def excluded(self) -> list[Path]:
         """What no source's files include: our outputs and the config file."""

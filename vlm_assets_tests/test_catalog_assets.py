@@ -100,3 +100,40 @@ def test_a_model_type_other_than_the_processors_fails_sample_lengths_naming_both
     failure = next(event for event in result.all_events if event.is_step_failure)
     message = failure.step_failure_data.error.cause.message if failure.step_failure_data.error.cause else failure.step_failure_data.error.message
     assert "model.model_type is 'gemma3' but the processor" in message and "Qwen2VLProcessor (model type qwen2_vl)" in message
+
+
+def test_the_catalogue_starts_from_the_last_observation_of_its_files_and_walks_them_again_when_they_moved_on(tmp_path):
+    from vlm_assets.defs.catalog.source_files import observed_source_files
+    from vlm_assets.fingerprints import walk_source
+
+    vlm_config = _text_source_config(tmp_path, ["<image> one?", "<image> two?"])
+    source = vlm_config.source("src")
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["src"])
+
+    def catalogue() -> list[str]:
+        result = dg.materialize([sample_catalog], partition_key="src", instance=instance,
+                                resources={"vlm_config": vlm_config})
+        assert result.success
+        return [entry.user_message for entry in instance.all_logs(result.run_id)]
+
+    catalogue()  # nothing observed yet: the step walks the files and records what it found
+    first = observed_source_files(instance, "src")
+    assert first == walk_source(source, [tmp_path / "out", tmp_path / "cfg.yaml"])
+    assert first.snapshot[0] == 3  # two records and their image
+
+    # A record added since, which no one observed: the read from the stale observation is not
+    # published; the files are walked again, read again and observed as they are.
+    (source.path / "2.json").write_text(json.dumps(
+        {"messages": [{"role": "user", "content": "<image> three?"}, {"role": "assistant", "content": "Red."}],
+         "images": ["red.png"]}))
+    messages = catalogue()
+    assert any("walking its files again, they differ from their last observation" in line for line in messages)
+    assert len(pd.read_parquet(vlm_config.layout.catalog("src"))) == 3
+    now = observed_source_files(instance, "src")
+    assert now != first and now.snapshot[0] == 4
+
+    # Unchanged since observed: read from the observation, no walk before reading.
+    messages = catalogue()
+    assert not any("walking its files again" in line for line in messages)
+    assert observed_source_files(instance, "src") == now

@@ -40,7 +40,7 @@ class Freshness:
 
     def observe_sources(self, sources: list[SourceConfig]) -> list[str]:
         """Record an observation of each source whose files changed since last observed; their names."""
-        observations = changed_source_files(self.instance, sources, self.fingerprints.source_files)
+        observations = changed_source_files(self.instance, sources, self.fingerprints.source_walk)
         for observation in observations:
             self.instance.report_runless_asset_event(observation)
         return [str(observation.partition) for observation in observations]

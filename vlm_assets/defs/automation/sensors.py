@@ -159,7 +159,7 @@ def configured_sources_sensor(context: dg.SensorEvaluationContext, vlm_config: V
 )
 def source_files_sensor(context: dg.SensorEvaluationContext, vlm_config: VlmConfig) -> dg.SensorResult:
     fingerprints = vlm_config.fingerprints(context.instance)
-    observations = changed_source_files(context.instance, vlm_config.sources(), fingerprints.source_files)
+    observations = changed_source_files(context.instance, vlm_config.sources(), fingerprints.source_walk)
     if not observations:
         return dg.SensorResult(skip_reason="no source's files changed since last observed")
     context.log.info(f"files changed: {', '.join(str(observation.partition) for observation in observations)}")

@@ -13,8 +13,13 @@ from vlm_assets.catalog.appending import reading_settings
 from vlm_assets.catalog.build import MediaValidator
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
-from vlm_assets.catalog.table import write_catalog
-from vlm_assets.defs.catalog.source_files import SOURCE_FILES, observed_digest, source_files_observation
+from vlm_assets.catalog.table import CatalogSummary, SourceChangedError, write_catalog
+from vlm_assets.defs.catalog.source_files import (
+    SOURCE_FILES,
+    observed_digest,
+    observed_source_files,
+    source_files_observation,
+)
 from vlm_assets.defs.resources import (
     CHUNK_INDEX_PARTITIONS,
     HEAVY_POOL,
@@ -34,6 +39,7 @@ from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import SampleForLength
 from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, processor_profile
 from vlm_assets.config import SourceConfig
+from vlm_assets.fingerprints import Fingerprints, Snapshot
 from vlm_assets.tokens.chunk_plan import ChunkPlan, chunk_index_key, plan_chunks, split_chunk_partition
 from vlm_assets.tokens.table import ChunkStore, LengthTableSummary, rows_to_recheck, write_length_table
 from vlm_assets.wording import md_cell, plural
@@ -65,36 +71,30 @@ def reason_table_md(reasons: Counter[str], rows: int = SHOWN_REASONS) -> str:
     description="Every input sample of a source: normalised messages, exactly resolved media, ok or rejected with a reason.",
 )
 def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
-    app = vlm_config.app
     source = vlm_config.source(context.partition_key)
     fingerprints = vlm_config.fingerprints(context.instance)
-    walked = fingerprints.source_walk(source.name)
-    files_digest = walked.digest
-    if observed_digest(context.instance, source.name) != files_digest:
-        # Recorded before the materialisation, so the UI compares later observations with what this read.
-        context.log_event(source_files_observation(source, files_digest))
-    fingerprint = fingerprints.of("sample_catalog", source.name)
     progress = LoggedProgress(context, "records", lambda done, _total: f"{plural(done, 'record')} catalogued")
     context.log.info(f"cataloguing {source.kind} source {source.name!r} at {source.path}")
     path = vlm_config.layout.catalog(source.name)
-    with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
-        check_log = MediaCheckLog(vlm_config.layout.media_checks(source.name))
-        # The validating decode also renders each video's frame-cache mosaic, for the plan and shards to take.
-        spool = MosaicSpool(vlm_config.layout.mosaic_spool(app.frame_cache), app.frame_cache)
-        validator = MediaValidator(app.frame_cache.num_frames, check_log, spool, source.max_image_pixels)
-        read_mark = vlm_config.layout.catalog_read_mark(source.name)
-        if context.run.tags.get(FORCE_TAG) == "true":
-            read_mark.unlink(missing_ok=True)  # `run --force` reads every record again
-        summary = write_catalog(
-            source, path, app.sample.text_key, validator, step_processes(),
-            progress=progress.update,
-            excluded=fingerprints.excluded,
-            read_mark=read_mark,
-            settings=reading_settings(source, fingerprints.versions["sample_catalog"]),
-            before=walked.snapshot,  # the walk above came before any record is read
-        )
-        chunks = plan_chunks(path, source.chunk_rows)
-        chunks.save(vlm_config.layout.chunk_plan(source.name))
+    built = None
+    observed = observed_source_files(context.instance, source.name)
+    if observed is not None:
+        # The files as `vlm-assets run` (or the sensor) last walked them, not walked once more before
+        # reading (seconds for a million media files): the walk after reading proves they still are.
+        fingerprints.assume_walked(source.name, observed)
+        try:
+            built = _catalogue(context, vlm_config, fingerprints, source, observed.snapshot, progress)
+        except SourceChangedError as changed:
+            context.log.info(f"{source.name}: walking its files again, they differ from their last observation ({changed})")
+            fingerprints = vlm_config.fingerprints(context.instance)
+    if built is None:
+        walked = fingerprints.source_walk(source.name)
+        if observed_digest(context.instance, source.name) != walked.digest:
+            # Recorded before the materialisation, so the UI compares later observations with what this read.
+            context.log_event(source_files_observation(source, walked))
+        built = _catalogue(context, vlm_config, fingerprints, source, walked.snapshot, progress)
+    summary, validator, chunks = built
+    fingerprint = fingerprints.of("sample_catalog", source.name)
     _register_chunk_indices(context.instance, len(chunks))
     if summary.kept:
         context.log.info(f"{source.name}: kept the {plural(summary.kept, 'row')} read before; read only the appended records")
@@ -120,6 +120,33 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
     }, fingerprint,
         # Its bytes: a catalogue rebuilt unchanged (a file touched) leaves its chunks fresh in the UI too.
         data_version=sha256_file(path)[:20]))
+
+
+def _catalogue(context: dg.AssetExecutionContext, vlm_config: VlmConfig, fingerprints: Fingerprints,
+               source: SourceConfig, before: Snapshot, progress: LoggedProgress) -> tuple[CatalogSummary, MediaValidator, ChunkPlan]:
+    """Write the source's catalogue and its chunk plan, from files that were as `before` says when
+    the reading began (SourceChangedError when they no longer are once it ends)."""
+    app, layout = vlm_config.app, vlm_config.layout
+    path = layout.catalog(source.name)
+    with vlm_config.locked(context.log, exclusive=[layout.source_lock(source.name)]):
+        check_log = MediaCheckLog(layout.media_checks(source.name))
+        # The validating decode also renders each video's frame-cache mosaic, for the plan and shards to take.
+        spool = MosaicSpool(layout.mosaic_spool(app.frame_cache), app.frame_cache)
+        validator = MediaValidator(app.frame_cache.num_frames, check_log, spool, source.max_image_pixels)
+        read_mark = layout.catalog_read_mark(source.name)
+        if context.run.tags.get(FORCE_TAG) == "true":
+            read_mark.unlink(missing_ok=True)  # `run --force` reads every record again
+        summary = write_catalog(
+            source, path, app.sample.text_key, validator, step_processes(),
+            progress=progress.update,
+            excluded=fingerprints.excluded,
+            read_mark=read_mark,
+            settings=reading_settings(source, fingerprints.versions["sample_catalog"]),
+            before=before,
+        )
+        chunks = plan_chunks(path, source.chunk_rows)
+        chunks.save(layout.chunk_plan(source.name))
+    return summary, validator, chunks
 
 
 def _register_chunk_indices(instance: dg.DagsterInstance, count: int) -> None:
