@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from vlm_assets.object_store import ObjectURL, is_object_url
+
 CONFIG_ENV_VAR = "VLM_ASSETS_CONFIG"
 DEFAULT_CONFIG_NAME = "vlm_assets.yaml"
 SOURCE_KINDS = ("flat_dir", "jsonl", "wds")
@@ -53,15 +55,16 @@ CHUNK_ROWS_MULTIPLE = 2048
 class SourceConfig:
     name: str
     kind: str
-    path: Path
-    media_root: Path
+    # A local path, or an object on S3-compatible storage (docs/formats.md, "Sources on object storage").
+    path: Path | ObjectURL
+    media_root: Path | ObjectURL
     # Training mix settings (docs/formats.md); inbox sources get these defaults.
     sample_type: str | None = None  # None: the global `sample.sample_type`
     weight: float = 1.0  # relative share of drawn bins in the metadataset blend; 0 leaves the source out
     subflavors: dict[str, Any] = field(default_factory=dict, hash=False)  # passed through to Energon
     # Input limits (docs/formats.md §2.4): directories besides the source's own and media_root that
     # media may come from, and the largest / most deeply nested record accepted.
-    allowed_roots: tuple[Path, ...] = ()
+    allowed_roots: tuple[Path | ObjectURL, ...] = ()
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS  # width × height of one image; a larger one is refused undecoded
@@ -73,6 +76,10 @@ class SourceConfig:
     @property
     def rejects_control_tokens(self) -> bool:
         return self.special_tokens_in_text == "reject"
+
+    @property
+    def on_object_store(self) -> bool:
+        return isinstance(self.path, ObjectURL)
 
 
 @dataclass(frozen=True)
@@ -380,9 +387,9 @@ def _parse_sources(reader: _Reader, raw: Any, inbox_given: bool) -> tuple[Source
         kind = reader.choice(data, "kind", key, "", SOURCE_KINDS) if "kind" in data else None
         if kind is None:
             raise reader.fail(f"{key}.kind", f"is required (one of {', '.join(SOURCE_KINDS)})")
-        path = _existing(reader, data, "path", key)
+        path = _location(reader, data, "path", key)
         if "media_root" in data:
-            media_root = _existing(reader, data, "media_root", key)
+            media_root = _location(reader, data, "media_root", key)
         else:
             media_root = path.parent if kind == "jsonl" else path
         sources.append(SourceConfig(
@@ -398,6 +405,7 @@ def _parse_sources(reader: _Reader, raw: Any, inbox_given: bool) -> tuple[Source
                                                  SPECIAL_TOKENS_IN_TEXT),
             chunk_rows=_chunk_rows(reader, data, key),
         ))
+        _check_object_store_source(reader, sources[-1], key)
     if sources and not any(source.weight for source in sources):
         raise reader.fail("sources[*].weight", "every source has weight 0; at least one needs a positive weight")
     return tuple(sources)
@@ -429,6 +437,9 @@ def _allowed_roots(reader: _Reader, data: dict[str, Any], key: str) -> tuple[Pat
         item_key = f"{key}.allowed_roots[{index}]"
         if not isinstance(item, str) or not item:
             raise reader.fail(item_key, f"expected a directory path, got {item!r}")
+        if is_object_url(item):
+            roots.append(_object_url(reader, item, item_key))
+            continue
         root = reader.resolve(item)
         if not root.is_dir():
             raise reader.fail(item_key, f"{root} is not an existing directory")
@@ -450,6 +461,34 @@ def _max_json_depth(reader: _Reader, data: dict[str, Any], key: str) -> int:
     if depth > MAX_JSON_DEPTH_BOUND:
         raise reader.fail(f"{key}.max_json_depth", f"must be <= {MAX_JSON_DEPTH_BOUND}, got {depth}")
     return depth
+
+
+def _location(reader: _Reader, data: dict[str, Any], name: str, key: str) -> Path | ObjectURL:
+    """A local path that exists, or an s3:// URL (whose objects are listed when the source is read)."""
+    raw = reader.string(data, name, key)
+    return _object_url(reader, raw, f"{key}.{name}") if is_object_url(raw) else _existing(reader, data, name, key)
+
+
+def _object_url(reader: _Reader, raw: str, key: str) -> ObjectURL:
+    try:
+        url = ObjectURL.parse(raw)
+    except ValueError as error:
+        raise reader.fail(key, str(error)) from error
+    if "@" in url.bucket or ":" in url.bucket:
+        raise reader.fail(key, "put no credentials or endpoint in the URL: they come from the environment "
+                          "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
+    return url
+
+
+def _check_object_store_source(reader: _Reader, source: SourceConfig, key: str) -> None:
+    on_store = source.on_object_store
+    if on_store and source.kind != "jsonl":
+        raise reader.fail(f"{key}.path", f"a {source.kind} source cannot be read from object storage yet; only jsonl "
+                          "sources (JSON lines or a JSON array) can (copy the folder to a local disk meanwhile)")
+    for name, location in [("media_root", source.media_root), *(("allowed_roots", root) for root in source.allowed_roots)]:
+        if on_store != isinstance(location, ObjectURL):
+            raise reader.fail(f"{key}.{name}", "a source's path, media_root and allowed_roots must all be on object "
+                              "storage (s3://) or all on a local disk")
 
 
 def _existing(reader: _Reader, data: dict[str, Any], name: str, key: str) -> Path:

@@ -37,6 +37,7 @@ from vlm_assets.frames.plan import (
 )
 from vlm_assets.frames.shard import plan_digest
 from vlm_assets.layout import StorageLayout
+from vlm_assets.object_store import ObjectURL, head, list_objects
 from vlm_assets.tokens.chunk_plan import ChunkPlan, split_chunk_partition
 
 # The fingerprint an output recorded when it was last built: (asset, partition) -> fingerprint,
@@ -93,6 +94,8 @@ def walk_source(source: SourceConfig, excluded: Iterable[Path]) -> SourceFiles:
     Hidden entries and `excluded` trees (the storage root, the config file) are left out, so our
     own outputs and config edits never count as a change of the input.
     """
+    if source.on_object_store:
+        return _walk_object_source(source)
     skip = {os.path.realpath(path) for path in excluded}
     by_root = {root: _tree_entries(Path(root), skip) for root in sorted({source.path, source.media_root, *source.allowed_roots})}
     entries = [entry for root in sorted(by_root) for entry in by_root[root]]
@@ -106,6 +109,28 @@ def walk_source(source: SourceConfig, excluded: Iterable[Path]) -> SourceFiles:
     return SourceFiles(digest(source.kind, str(source.path), str(source.media_root), limits, unique), snapshot)
 
 
+def _walk_object_source(source: SourceConfig) -> SourceFiles:
+    """`walk_source` of a source on object storage: its objects by key, size, ETag and modification
+    time, listed a page at a time and digested as they come (a listing is in key order)."""
+    assert isinstance(source.path, ObjectURL)
+    limits = [[str(root) for root in source.allowed_roots], source.max_record_bytes, source.max_json_depth,
+              source.max_image_pixels]
+    hasher = hashlib.sha256(json.dumps([source.kind, str(source.path), str(source.media_root), limits]).encode())
+    snapshot_roots = _snapshot_roots(source)
+    snapshot: Snapshot = (0, 0, 0)
+    roots = sorted({source.path, source.media_root, *source.allowed_roots}, key=str)
+    for root in roots:
+        info = head(root) if root == source.path else None
+        objects = [info] if info is not None else list_objects(root) if root != source.path else []
+        files = size = newest = 0
+        for item in objects:
+            hasher.update(f"{item.url}\0{item.size}\0{item.etag}\0{item.mtime_ns}\n".encode())
+            files, size, newest = files + 1, size + item.size, max(newest, item.mtime_ns)
+        if root in snapshot_roots:
+            snapshot = (snapshot[0] + files, snapshot[1] + size, max(snapshot[2], newest))
+    return SourceFiles(hasher.hexdigest()[:20], snapshot)
+
+
 def source_files_digest(source: SourceConfig, excluded: Iterable[Path]) -> str:
     """The digest of `walk_source`."""
     return walk_source(source, excluded).digest
@@ -115,11 +140,15 @@ def source_snapshot(source: SourceConfig, excluded: Iterable[Path]) -> Snapshot:
     """(files, bytes, newest mtime) of what the source's records are read from: its path, and a media
     root of its own (not one it shares with others, such as the folder a manifest sits in), walked
     as its digest walks them."""
+    if source.on_object_store:
+        return _walk_object_source(source).snapshot
     skip = {os.path.realpath(path) for path in excluded}
     return _snapshot(entry for root in _snapshot_roots(source) for entry in _tree_entries(Path(root), skip))
 
 
-def _snapshot_roots(source: SourceConfig) -> list[Path]:
+def _snapshot_roots(source: SourceConfig) -> list[Path | ObjectURL]:
+    if isinstance(source.media_root, ObjectURL) and isinstance(source.path, ObjectURL):
+        return [source.path] if source.media_root.contains(source.path) else [source.path, source.media_root]
     if source.media_root != source.path and source.media_root not in source.path.parents:
         return [source.path, source.media_root]
     return [source.path]

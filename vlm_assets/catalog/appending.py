@@ -21,11 +21,12 @@ import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.catalog.build import FolderPart, JsonlPart, MediaValidator, catalog_row, is_json_lines
-from vlm_assets.catalog.media_resolution import FileResolver, SourceScope, real_path
+from vlm_assets.catalog.media_resolution import SourceScope, resolver_for
 from vlm_assets.catalog.readers.jsonl import IdSurvey, LineRange, entries_at_lines, survey_range
 from vlm_assets.catalog.readers.raw_record import RawRecord
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.config import SourceConfig
+from vlm_assets.object_store import Location, location_size, open_location, resolved
 
 MARK_FORMAT = 1
 _HASH_BLOCK = 8 << 20
@@ -52,10 +53,10 @@ class FileMark:
     ends_with_newline: bool
 
     @classmethod
-    def of(cls, path: Path, stop: int | None = None) -> FileMark:
+    def of(cls, path: Location, stop: int | None = None) -> FileMark:
         """Of the file's first `stop` bytes (default: all of it)."""
         digest, size, lines, last = hashlib.sha256(), 0, 0, b""
-        with open(path, "rb") as handle:
+        with open_location(path) as handle:
             while stop is None or size < stop:
                 block = handle.read(_HASH_BLOCK if stop is None else min(_HASH_BLOCK, stop - size))
                 if not block:
@@ -128,8 +129,8 @@ def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, setting
         raise AppendRefused("the reading settings changed")
     if validator.check_log is None:
         raise AppendRefused("no media check log")
-    path = real_path(source.path)
-    size = path.stat().st_size
+    path = resolved(source.path)
+    size = location_size(path)
     if size <= mark.bytes:
         raise AppendRefused(f"the file is not longer than the {mark.bytes} bytes read before")
     if FileMark.of(path, mark.bytes).sha256 != mark.sha256:
@@ -161,7 +162,7 @@ def _rejects_checked_again(source: SourceConfig, mark: ReadMark, table, text_key
     if not rows:
         return {}
     scope = SourceScope(source)
-    resolver = FileResolver(source.name, scope, [scope.media_root])
+    resolver = resolver_for(source.name, scope)
     rechecked = {}
     for origin, _locator, record, error in entries_at_lines(source, LineRange(0, mark.bytes, 1), set(rows)):
         index, sample_id = rows[int(origin.rsplit(":", 1)[1])]
@@ -175,7 +176,7 @@ def _rejects_checked_again(source: SourceConfig, mark: ReadMark, table, text_key
 def mark_of(source: SourceConfig, part: JsonlPart, records: int, settings: str, catalog_sha256: str) -> ReadMark | None:
     """The read mark of a build that read `part` to the end of the file, or None when the file does
     not end with a whole line (a line still being written may go on)."""
-    file = FileMark.of(real_path(source.path))
+    file = FileMark.of(resolved(source.path))
     if not file.ends_with_newline or part.survey is None:
         return None
     survey = part.survey

@@ -15,7 +15,7 @@ import pandas as pd
 from vlm_assets.catalog.images import ImageTooLarge, opened_image
 from vlm_assets.catalog.media import kind_from_name, open_media, sniff_extension
 from vlm_assets.catalog.media_checks import MediaCheckLog, media_fingerprint
-from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope, real_path
+from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
 from vlm_assets.catalog.readers import RawRecord, read_source
 from vlm_assets.catalog.readers.flat_dir import FolderListing
@@ -23,6 +23,7 @@ from vlm_assets.catalog.readers.jsonl import IdSurvey, LineRange, line_ranges, r
 from vlm_assets.catalog.records import RecordLimits, is_json_array
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
 from vlm_assets.config import DEFAULT_MAX_IMAGE_PIXELS, SourceConfig
+from vlm_assets.object_store import is_file, location_size, open_location, resolved
 from vlm_assets.parallel import ordered_map
 
 if TYPE_CHECKING:
@@ -317,9 +318,9 @@ RANGES_PER_PROCESS = 64
 
 def is_json_lines(source: SourceConfig) -> bool:
     """A `jsonl` source holding JSON lines (not one JSON array)."""
-    if source.kind != "jsonl" or not source.path.is_file():
+    if source.kind != "jsonl" or not is_file(source.path):
         return False
-    with open(real_path(source.path), "rb") as handle:
+    with open_location(source.path) as handle:
         return not is_json_array(handle.read(4096))
 
 
@@ -338,7 +339,7 @@ class JsonlPart:
     survey: IdSurvey | None = None
 
     def lines(self, source: SourceConfig) -> LineRange:
-        return LineRange(self.start, real_path(source.path).stat().st_size, self.first_line)
+        return LineRange(self.start, location_size(source.path), self.first_line)
 
 
 @dataclass
@@ -355,7 +356,7 @@ def _read_in_ranges(source: SourceConfig, processes: int, part: JsonlPart | Fold
     """The bytes per range to read `part` in, or 0 when its records are read here (see RANGE_READING_MIN_BYTES)."""
     if processes <= 1 or not isinstance(part, JsonlPart):
         return 0
-    size = real_path(source.path).stat().st_size - part.start
+    size = location_size(source.path) - part.start
     if size < RANGE_READING_MIN_BYTES:
         return 0
     low, high = RANGE_BYTES
@@ -377,7 +378,7 @@ def _rows_read_in_ranges(source: SourceConfig, part: JsonlPart, range_bytes: int
     their ids only if all have one), then each range is read again into rows. Duplicate ids are
     marked here, in reading order, as _with_duplicates_marked marks them.
     """
-    ranges = list(line_ranges(real_path(source.path), range_bytes, part.start, part.first_line))
+    ranges = list(line_ranges(resolved(source.path), range_bytes, part.start, part.first_line))
     surveys = list(ordered_map(_surveyed_range, ranges, processes, _start_surveying, (source,)))
     part.survey = sum(surveys, part.before)
     first_numbers = itertools.accumulate((survey.records for survey in surveys[:-1]), initial=part.first_number)

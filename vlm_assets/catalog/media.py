@@ -2,7 +2,8 @@
 
 A plain file is its absolute path. A member of a WebDataset tar (read in place,
 never unpacked) is ``tar:<offset>:<size>:<absolute tar path>`` so its bytes can
-be read with a single seek.
+be read with a single seek. An object on S3-compatible storage is its
+``s3://bucket/key`` URL.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import io
 import os
 from pathlib import Path
 from typing import BinaryIO
+
+from vlm_assets.object_store import URL_SCHEME, ObjectURL, head, read_object
 
 TAR_PREFIX = "tar:"
 
@@ -46,16 +49,22 @@ def read_tar_member(tar_path: str | os.PathLike[str], offset: int, size: int) ->
     return data
 
 
+def is_object_ref(ref: str) -> bool:
+    return ref.startswith(URL_SCHEME)
+
+
 def read_media_bytes(ref: str) -> bytes:
     if is_tar_ref(ref):
         offset, size, path = _parse_tar_ref(ref)
         return read_tar_member(path, offset, size)
+    if is_object_ref(ref):
+        return read_object(ObjectURL.parse(ref))
     return Path(ref).read_bytes()
 
 
 def open_media(ref: str) -> BinaryIO:
-    """A readable, seekable binary file for the media (for PIL / PyAV)."""
-    if is_tar_ref(ref):
+    """A readable, seekable binary file for the media (for PIL / PyAV); an object is read whole, in one request."""
+    if is_tar_ref(ref) or is_object_ref(ref):
         return io.BytesIO(read_media_bytes(ref))
     return open(ref, "rb")
 
@@ -63,6 +72,11 @@ def open_media(ref: str) -> BinaryIO:
 def media_size(ref: str) -> int:
     if is_tar_ref(ref):
         return _parse_tar_ref(ref)[1]
+    if is_object_ref(ref):
+        info = head(ObjectURL.parse(ref))
+        if info is None:
+            raise FileNotFoundError(f"{ref} does not exist")
+        return info.size
     return Path(ref).stat().st_size
 
 

@@ -17,16 +17,27 @@ from pathlib import Path
 from typing import TextIO
 
 from vlm_assets.atomic import atomic_write_text
-from vlm_assets.catalog.media import is_tar_ref, tar_member_path
+from vlm_assets.catalog.media import is_object_ref, is_tar_ref, tar_member_path
+from vlm_assets.object_store import ObjectURL, head
 
 
 def media_fingerprint(ref: str, check: str) -> str:
-    """Size and modification time of the file holding the media, plus what the check proved.
+    """Size and modification time of the file holding the media (of an object: its size and ETag),
+    plus what the check proved.
 
     Raises OSError when the file is missing (the check itself then reports it).
     """
+    return f"{_identity(ref)}:{check}"
+
+
+def _identity(ref: str) -> str:
+    if is_object_ref(ref):
+        info = head(ObjectURL.parse(ref))
+        if info is None:
+            raise FileNotFoundError(f"{ref} does not exist")
+        return f"{info.size}:{info.etag}"
     stat = os.stat(tar_member_path(ref) if is_tar_ref(ref) else ref)
-    return f"{stat.st_size}:{stat.st_mtime_ns}:{check}"
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
 
 
 class MediaCheckLog:
@@ -64,6 +75,14 @@ class MediaCheckLog:
         """Every remembered pass whose file is unchanged counts as used by this build (its rows are
         kept, not checked again); returns the first whose file changed or vanished, or ""."""
         for ref, fingerprint in self._passed.items():
+            if is_object_ref(ref):
+                try:
+                    identity = _identity(ref)
+                except OSError:
+                    return ref
+                if not fingerprint.startswith(f"{identity}:"):
+                    return ref
+                continue
             try:
                 stat = os.stat(tar_member_path(ref) if is_tar_ref(ref) else ref)
             except OSError:

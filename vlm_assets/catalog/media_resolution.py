@@ -17,6 +17,7 @@ from typing import Protocol
 from vlm_assets.catalog.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, tar_member_ref
 from vlm_assets.catalog.messages import SampleError
 from vlm_assets.config import SourceConfig
+from vlm_assets.object_store import URL_SCHEME, ObjectURL, head
 
 MEDIA_EXTENSIONS = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
 _REMOTE_PREFIXES = ("http://", "https://", "s3://")
@@ -57,16 +58,25 @@ class SourceScope:
     def __init__(self, source: SourceConfig) -> None:
         # A jsonl source's own directory is its media root (by default the file's directory).
         own = [] if source.kind == "jsonl" else [source.path]
+        self.object_roots: tuple[ObjectURL, ...] = ()
+        if isinstance(source.media_root, ObjectURL):
+            self.object_media_root = source.media_root
+            self.object_roots = tuple(dict.fromkeys(
+                root for root in [*own, source.media_root, *source.allowed_roots] if isinstance(root, ObjectURL)))
+            return
         self.media_root = real_path(source.media_root)
         self.roots = tuple(dict.fromkeys(real_path(root) for root in [*own, source.media_root, *source.allowed_roots]))
 
     def contains(self, real: Path) -> bool:
         return any(real.is_relative_to(root) for root in self.roots)
 
-    def describe(self) -> str:
-        return ", ".join(str(root) for root in self.roots)
+    def contains_object(self, url: ObjectURL) -> bool:
+        return any(root.contains(url) for root in self.object_roots)
 
-    def escape_reason(self, what: str, real: Path) -> str:
+    def describe(self) -> str:
+        return ", ".join(str(root) for root in self.object_roots or self.roots)
+
+    def escape_reason(self, what: str, real: Path | ObjectURL) -> str:
         return (f"{what} escapes the source: it resolves to {real}, outside {self.describe()} "
                 "(add a directory to the source's allowed_roots to read media from it)")
 
@@ -167,6 +177,57 @@ class FileResolver:
             names = ", ".join(path.name for path, _real_path in matches)
             raise SampleError(f"ambiguous media: {self.stem_of.name} names no media and several files share its stem ({names})")
         return [ResolvedMedia(path.name, str(real), self._key(real)) for path, real in matches]
+
+
+class ObjectResolver:
+    """Resolves names against a source's media root on object storage: a name is a key relative to
+    it (or an s3:// URL), checked to stay within the source's prefixes before any request, and
+    proven to exist by one HEAD request."""
+
+    def __init__(self, source: str, scope: SourceScope) -> None:
+        self.source = source
+        self.scope = scope
+        self.media_root = scope.object_media_root
+
+    def resolve(self, name: str) -> ResolvedMedia:
+        if "\x00" in name:
+            raise SampleError(f"media name {name!r} contains a NUL character")
+        if name.startswith(URL_SCHEME):
+            try:
+                target: ObjectURL | None = ObjectURL.parse(name)
+            except ValueError as error:
+                raise SampleError(f"media name {name!r}: {error}") from error
+        elif name.startswith(_REMOTE_PREFIXES):
+            raise SampleError(f"remote media {name!r} is not supported (no network): copy it below the source's media_root")
+        elif name.startswith("/"):
+            raise SampleError(f"media name {name!r} is an absolute path; a source on object storage names its media "
+                              f"by their keys relative to its media_root ({self.media_root})")
+        else:
+            target = ObjectURL(self.media_root.bucket, "").child(f"{self.media_root.key}/{name}" if self.media_root.key else name)
+        if target is None or not self.scope.contains_object(target):
+            where = target if target is not None else f"{self.media_root}/{name} (above the bucket)"
+            raise SampleError(self.scope.escape_reason(f"media path {name!r}", where))
+        info = head(target)
+        if info is None:
+            raise SampleError(f"missing media: {name!r} not found (looked for {target})")
+        if self.media_root.contains(target):
+            key = f"{self.source}/{self.media_root.relative(target)}"
+        else:
+            key = f"{self.source}/{target.key}"
+        return ResolvedMedia(name, str(target), key)
+
+    def listed_media_names(self) -> list[str]:
+        return []
+
+    def same_stem_media(self) -> list[ResolvedMedia]:
+        return []
+
+
+def resolver_for(source: str, scope: SourceScope) -> FileResolver | ObjectResolver:
+    """The resolver of a jsonl source's record: names below its media root, on disk or on object storage."""
+    if scope.object_roots:
+        return ObjectResolver(source, scope)
+    return FileResolver(source, scope, [scope.media_root])
 
 
 @dataclass

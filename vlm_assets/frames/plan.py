@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_write_text
-from vlm_assets.catalog.media import is_tar_ref
+from vlm_assets.catalog.media import is_object_ref, is_tar_ref
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.config import FrameCacheConfig, SourceConfig
 from vlm_assets.frames.probe import (
@@ -49,11 +49,14 @@ def shard_key(number: int) -> str:
 
 def file_identity(ref: str) -> str:
     """Refs naming the same bytes map to one identity, so the video is decoded once."""
-    return ref if is_tar_ref(ref) else os.path.realpath(ref)
+    return ref if is_tar_ref(ref) or is_object_ref(ref) else os.path.realpath(ref)
 
 
 def frames_source_files(source: SourceConfig) -> list[Path]:
-    """Pre-computed frame counts and indices (video_frames_source.jsonl) beside the source or in its media root."""
+    """Pre-computed frame counts and indices (video_frames_source.jsonl) beside the source or in its media root
+    (on a local disk: a source on object storage has its videos probed)."""
+    if source.on_object_store:
+        return []
     folders = [source.path.parent if source.path.is_file() else source.path, source.media_root]
     return sorted({folder / FRAMES_SOURCE_FILE for folder in folders if (folder / FRAMES_SOURCE_FILE).is_file()})
 

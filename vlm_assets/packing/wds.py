@@ -29,7 +29,7 @@ from pathlib import Path
 
 from vlm_assets.atomic import atomic_path, remove_stale_temp_files
 from vlm_assets.catalog import lookup
-from vlm_assets.catalog.media import is_tar_ref, media_size, read_media_bytes
+from vlm_assets.catalog.media import is_object_ref, is_tar_ref, media_size, read_media_bytes
 from vlm_assets.packing.records import PackedRecord, encode_record, record_of_line
 from vlm_assets.parallel import ordered_map
 
@@ -295,8 +295,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _copy_media(member: _Member, out_fd: int, shard: Path) -> None:
-    """Append the media's bytes; plain files go kernel-to-kernel (sendfile), tar refs via a read."""
-    if is_tar_ref(member.ref):
+    """Append the media's bytes; plain files go kernel-to-kernel (sendfile), tar refs and objects via a read."""
+    if is_tar_ref(member.ref) or is_object_ref(member.ref):
         data = read_media_bytes(member.ref)
         if len(data) != member.size:
             raise OSError(f"{member.ref}: size changed while writing {shard.name} ({member.size} -> {len(data)} bytes)")

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from vlm_assets.catalog.media_resolution import FileResolver, SourceScope, real_path
+from vlm_assets.catalog.media_resolution import MediaResolver, SourceScope, resolver_for
 from vlm_assets.catalog.readers.raw_record import RawRecord
 from vlm_assets.catalog.records import RecordLimits, array_elements, is_json_array, parse_bytes
 from vlm_assets.config import SourceConfig
+from vlm_assets.object_store import Location, open_location, read_location, resolved
 
 _Entry = tuple[str, str, Any, str]  # (origin, locator, record, reason it is unreadable or "")
 
 
 def read_jsonl(source: SourceConfig, scope: SourceScope, limits: RecordLimits) -> Iterator[RawRecord]:
-    path = real_path(source.path)
-    resolver = FileResolver(source.name, scope, [scope.media_root])
-    with open(path, "rb") as handle:
+    path = resolved(source.path)
+    resolver = resolver_for(source.name, scope)
+    with open_location(path) as handle:
         head = handle.read(4096)
     if is_json_array(head):
         elements = list(_array_entries(path, limits))
@@ -63,7 +63,7 @@ class IdSurvey:
         return self.has_objects and self.all_have_ids
 
 
-def _raw_records(source: SourceConfig, resolver: FileResolver, entries: Iterable[_Entry], first_number: int,
+def _raw_records(source: SourceConfig, resolver: MediaResolver, entries: Iterable[_Entry], first_number: int,
                  use_ids: bool) -> Iterator[RawRecord]:
     for number, (origin, locator, record, error) in enumerate(entries, start=first_number):
         local_id = (record["id"] if isinstance(record, dict) else locator) if use_ids else number
@@ -82,12 +82,12 @@ class LineRange:
 READ_BLOCK = 16 << 20
 
 
-def line_ranges(path: Path, target_bytes: int, start: int = 0, first_line: int = 1) -> Iterator[LineRange]:
+def line_ranges(path: Location, target_bytes: int, start: int = 0, first_line: int = 1) -> Iterator[LineRange]:
     """The file from byte `start` (line `first_line`) cut into ranges of whole lines, each ending at
     the first line end past a multiple of `target_bytes` from its start, read once at disk speed
     (lines are counted, not parsed)."""
     position, line = start, first_line  # bytes before the block; number of the line the block starts in
-    with open(path, "rb") as handle:
+    with open_location(path) as handle:
         handle.seek(start)
         while block := handle.read(READ_BLOCK):
             cursor = 0
@@ -107,13 +107,13 @@ def line_ranges(path: Path, target_bytes: int, start: int = 0, first_line: int =
 
 def survey_range(source: SourceConfig, lines: LineRange, count_all: bool = True) -> IdSurvey:
     limits = RecordLimits.of(source)
-    return IdSurvey.of((entry[2] for entry in _jsonl_entries(real_path(source.path), limits, lines)), count_all)
+    return IdSurvey.of((entry[2] for entry in _jsonl_entries(resolved(source.path), limits, lines)), count_all)
 
 
 def entries_at_lines(source: SourceConfig, lines: LineRange, wanted: set[int]) -> Iterator[_Entry]:
     """The entries (origin, locator, record, reason it is unreadable or "") of the `wanted` line
     numbers of `lines`; the other lines are skipped unparsed."""
-    yield from _jsonl_entries(real_path(source.path), RecordLimits.of(source), lines, wanted)
+    yield from _jsonl_entries(resolved(source.path), RecordLimits.of(source), lines, wanted)
 
 
 def read_jsonl_range(source: SourceConfig, scope: SourceScope, lines: LineRange, first_number: int,
@@ -121,8 +121,8 @@ def read_jsonl_range(source: SourceConfig, scope: SourceScope, lines: LineRange,
     """The raw records of `lines` of a JSON-lines source, as read_jsonl names them: `first_number` is
     the number of the range's first record among the file's records, `use_ids` the whole file's
     IdSurvey.use_ids."""
-    path = real_path(source.path)
-    resolver = FileResolver(source.name, scope, [scope.media_root])
+    path = resolved(source.path)
+    resolver = resolver_for(source.name, scope)
     yield from _raw_records(source, resolver, _jsonl_entries(path, RecordLimits.of(source), lines), first_number, use_ids)
 
 
@@ -130,12 +130,12 @@ def _usable_id(value: Any) -> bool:
     return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
-def _array_entries(path: Path, limits: RecordLimits) -> Iterator[_Entry]:
-    for element in array_elements(path.read_bytes(), str(path), limits):
+def _array_entries(path: Location, limits: RecordLimits) -> Iterator[_Entry]:
+    for element in array_elements(read_location(path), str(path), limits):
         yield f"{path}[{element.index}]", f"element-{element.index}", element.record, element.error
 
 
-def _jsonl_entries(path: Path, limits: RecordLimits, lines: LineRange | None = None,
+def _jsonl_entries(path: Location, limits: RecordLimits, lines: LineRange | None = None,
                    wanted: set[int] | None = None) -> Iterator[_Entry]:
     for number, line, error in _jsonl_lines(path, limits, lines):
         if wanted is not None and number not in wanted:
@@ -145,10 +145,10 @@ def _jsonl_entries(path: Path, limits: RecordLimits, lines: LineRange | None = N
         yield origin, f"line-{number}", record, error
 
 
-def _jsonl_lines(path: Path, limits: RecordLimits, lines: LineRange | None = None) -> Iterator[tuple[int, bytes | None, str]]:
+def _jsonl_lines(path: Location, limits: RecordLimits, lines: LineRange | None = None) -> Iterator[tuple[int, bytes | None, str]]:
     """(line number, line, "") for each non-blank line (of `lines` only, if given), or (number, None,
     reason) for one over the limit."""
-    with open(path, "rb") as handle:
+    with open_location(path) as handle:
         number = 0
         if lines is not None:
             handle.seek(lines.start)

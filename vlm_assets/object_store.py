@@ -1,0 +1,222 @@
+"""Objects on S3-compatible storage: `s3://bucket/key` locations, paged listings, ranged reads.
+
+The endpoint and credentials come only from the environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION) or boto's own config files, never from our YAML, so
+they never reach run tags, logs or metadata. Every request is counted (`REQUESTS`), so a step can
+report its requests per sample.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+URL_SCHEME = "s3://"
+# Ranged reads of a big object (a JSON-lines manifest) are buffered this much per request.
+READ_BUFFER = 8 << 20
+
+REQUESTS: Counter[str] = Counter()  # request kind -> requests made by this process
+
+
+def is_object_url(location: object) -> bool:
+    return isinstance(location, ObjectURL) or (isinstance(location, str) and location.startswith(URL_SCHEME))
+
+
+@dataclass(frozen=True, order=True)
+class ObjectURL:
+    """An object (or a prefix of objects) in a bucket; keys are normalised POSIX paths without a leading '/'."""
+
+    bucket: str
+    key: str
+
+    @classmethod
+    def parse(cls, url: str) -> ObjectURL:
+        if not url.startswith(URL_SCHEME):
+            raise ValueError(f"{url!r} is not an {URL_SCHEME}bucket/key URL")
+        bucket, _, key = url[len(URL_SCHEME):].partition("/")
+        if not bucket or "\x00" in url:
+            raise ValueError(f"{url!r} names no bucket ({URL_SCHEME}bucket/key)")
+        normal = posixpath.normpath("/" + key).lstrip("/") if key else ""
+        return cls(bucket, "" if normal == "." else normal)
+
+    def __str__(self) -> str:
+        return f"{URL_SCHEME}{self.bucket}/{self.key}"
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.key)
+
+    @property
+    def parent(self) -> ObjectURL:
+        return ObjectURL(self.bucket, posixpath.dirname(self.key))
+
+    def child(self, relative: str) -> ObjectURL | None:
+        """The object `relative` names below this prefix, or None when it leads out of it (`..`, absolute)."""
+        if relative.startswith("/") or "\x00" in relative:
+            return None
+        joined = posixpath.normpath(posixpath.join(self.key, relative))
+        if joined == ".." or joined.startswith("../"):
+            return None
+        candidate = ObjectURL(self.bucket, "" if joined == "." else joined)
+        return candidate if self.contains(candidate) and candidate != self else None
+
+    def contains(self, other: ObjectURL) -> bool:
+        if other.bucket != self.bucket:
+            return False
+        return not self.key or other.key == self.key or other.key.startswith(self.key + "/")
+
+    def relative(self, other: ObjectURL) -> str:
+        """`other`'s key below this prefix (ValueError when it is not below)."""
+        if not self.contains(other):
+            raise ValueError(f"{other} is not below {self}")
+        return other.key[len(self.key):].lstrip("/") if self.key else other.key
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    url: ObjectURL
+    size: int
+    etag: str
+    mtime_ns: int
+
+
+_local = threading.local()
+
+
+def client() -> Any:
+    """This thread's S3 client, configured by the environment alone."""
+    if getattr(_local, "client", None) is None:
+        import boto3  # imported on first use: a purely local run never pays for it
+        from botocore.config import Config
+
+        _local.client = boto3.session.Session().client(
+            "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32))
+    return _local.client
+
+
+def head(url: ObjectURL) -> ObjectInfo | None:
+    """The object's size, ETag and modification time, or None when there is no such object."""
+    from botocore.exceptions import ClientError
+
+    REQUESTS["head"] += 1
+    try:
+        reply = client().head_object(Bucket=url.bucket, Key=url.key)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise OSError(f"{url}: {error}") from error
+    return ObjectInfo(url, reply["ContentLength"], reply["ETag"].strip('"'),
+                      int(reply["LastModified"].timestamp() * 1e9))
+
+
+def list_objects(prefix: ObjectURL) -> Iterator[ObjectInfo]:
+    """Every object below `prefix` (a folder: `prefix/…`), in key order, one page (1,000 keys) at a time."""
+    paginator = client().get_paginator("list_objects_v2")
+    folder = f"{prefix.key}/" if prefix.key else ""
+    for page in paginator.paginate(Bucket=prefix.bucket, Prefix=folder):
+        REQUESTS["list"] += 1
+        for item in page.get("Contents", []):
+            yield ObjectInfo(ObjectURL(prefix.bucket, item["Key"]), item["Size"], item["ETag"].strip('"'),
+                             int(item["LastModified"].timestamp() * 1e9))
+
+
+def read_range(url: ObjectURL, start: int, size: int) -> bytes:
+    REQUESTS["get"] += 1
+    try:
+        reply = client().get_object(Bucket=url.bucket, Key=url.key, Range=f"bytes={start}-{start + size - 1}")
+    except Exception as error:
+        raise OSError(f"{url}: cannot read bytes {start}-{start + size - 1}: {error}") from error
+    return reply["Body"].read()
+
+
+def read_object(url: ObjectURL) -> bytes:
+    REQUESTS["get"] += 1
+    try:
+        return client().get_object(Bucket=url.bucket, Key=url.key)["Body"].read()
+    except Exception as error:
+        raise OSError(f"{url}: cannot read: {error}") from error
+
+
+class _RangedObject(io.RawIOBase):
+    """A seekable, read-only view of one object, each read a ranged GET (buffered by open_object)."""
+
+    def __init__(self, url: ObjectURL, size: int) -> None:
+        self.url, self.size, self.position = url, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        wanted = min(len(buffer), self.size - self.position)
+        if wanted <= 0:
+            return 0
+        data = read_range(self.url, self.position, wanted)
+        buffer[:len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+
+def open_object(url: ObjectURL, size: int | None = None, buffer: int = READ_BUFFER) -> io.BufferedReader:
+    """A buffered, seekable binary reader of the object: `readline`, `seek` and `tell` work as on a file."""
+    if size is None:
+        info = head(url)
+        if info is None:
+            raise FileNotFoundError(f"{url} does not exist")
+        size = info.size
+    return io.BufferedReader(_RangedObject(url, size), buffer_size=buffer)
+
+
+# -- a source's file, wherever it lies -------------------------------------------------------------
+Location = Path | ObjectURL
+
+
+def resolved(location: Location) -> Location:
+    """A local path as its real path (symlinks resolved); an object as it is."""
+    return location if isinstance(location, ObjectURL) else Path(os.path.realpath(location))
+
+
+def location_size(location: Location) -> int:
+    """The file's or object's size in bytes (FileNotFoundError when there is none)."""
+    if isinstance(location, ObjectURL):
+        info = head(location)
+        if info is None:
+            raise FileNotFoundError(f"{location} does not exist")
+        return info.size
+    return os.stat(location).st_size
+
+
+def is_file(location: Location) -> bool:
+    if isinstance(location, ObjectURL):
+        return head(location) is not None
+    return os.path.isfile(location)
+
+
+def open_location(location: Location) -> BinaryIO:
+    """A seekable binary reader of the file or object."""
+    if isinstance(location, ObjectURL):
+        return open_object(location)
+    return open(resolved(location), "rb")
+
+
+def read_location(location: Location) -> bytes:
+    if isinstance(location, ObjectURL):
+        return read_object(location)
+    return Path(location).read_bytes()

@@ -1,0 +1,196 @@
+"""Sources on S3-compatible storage, read from a real S3 server on loopback (moto's standalone server,
+started here unless $VLM_ASSETS_TEST_S3_ENDPOINT names one, as `.ci/run` does)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+import yaml
+
+from vlm_assets.config import ConfigError, load_config
+from vlm_assets.defs.catalog.assets import sample_catalog, sample_lengths
+from vlm_assets.defs.packing.assets import packed_json, packed_wds_shards, packing_bins
+from vlm_assets.defs.resources import SOURCES_PARTITIONS, HFProcessor, VlmConfig
+from vlm_assets.fingerprints import walk_source
+from vlm_assets.layout import StorageLayout
+from vlm_assets.object_store import REQUESTS, ObjectURL, client, list_objects
+
+ENDPOINT_ENV_VAR = "VLM_ASSETS_TEST_S3_ENDPOINT"
+
+
+def _free_port_number() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_until_it_answers(endpoint: str, process: subprocess.Popen | None, log: Path | None) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
+            return
+        except OSError:
+            if (process is not None and process.poll() is not None) or time.monotonic() > deadline:
+                pytest.fail(f"the S3 server at {endpoint} does not answer: {log.read_text()[-2000:] if log else ''}")
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if os.environ.get(ENDPOINT_ENV_VAR):
+        _wait_until_it_answers(os.environ[ENDPOINT_ENV_VAR], None, None)
+        yield os.environ[ENDPOINT_ENV_VAR]
+        return
+    server = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+    if server is None:
+        pytest.fail("moto_server is not installed: `pip install -e '.[test]'` installs it")
+    log = tmp_path_factory.mktemp("s3") / "moto.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(_free_port_number())], stdout=output,
+                                   stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{process.args[-1]}"
+    try:
+        _wait_until_it_answers(endpoint, process, log)
+        yield endpoint
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket, with the standard AWS variables alone pointing the product at the server."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "vlm-test-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "vlm-test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    name = f"vlm-{uuid.uuid4().hex[:12]}"
+    client().create_bucket(Bucket=name)
+    return name
+
+
+def _upload(folder: Path, bucket: str, prefix: str) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            client().upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+
+
+def test_urls_stay_below_their_prefix():
+    root = ObjectURL.parse("s3://data/vlm/media")
+    assert str(root.child("a/b.jpg")) == "s3://data/vlm/media/a/b.jpg"
+    assert root.child("a/../b.jpg") == ObjectURL("data", "vlm/media/b.jpg")
+    for hostile in ("../other/x.jpg", "../../../../x.jpg", "/etc/passwd", "a/../../x.jpg", "x\x00.jpg"):
+        assert root.child(hostile) is None, hostile
+    assert not root.contains(ObjectURL("data", "vlm/media-other/x.jpg"))
+    assert not root.contains(ObjectURL("other-bucket", "vlm/media/x.jpg"))
+
+
+def test_a_listing_is_paged(bucket):
+    prefix = ObjectURL(bucket, "many")
+    for index in range(1500):
+        client().put_object(Bucket=bucket, Key=f"many/{index:05d}.jpg", Body=b"x")
+    before = REQUESTS["list"]
+    keys = [info.url.key for info in list_objects(prefix)]
+    assert keys == [f"many/{index:05d}.jpg" for index in range(1500)]
+    assert REQUESTS["list"] - before == 2  # 1,000 keys per page
+
+
+def _config(tmp_path: Path, name: str, path: str, media_root: str, **extra) -> Path:
+    config = {"storage": {"root": str(tmp_path / name / "out")}, "inbox": str(tmp_path / name / "inbox"),
+              "sources": [{"name": "clips", "kind": "jsonl", "path": path, "media_root": media_root, **extra}],
+              "sample": {"max_token_len": 8192}, "packing": {"min_fill_ratio": 0.2}, "wds": {"maxcount": 4}}
+    target = tmp_path / name / "vlm_assets.yaml"
+    target.parent.mkdir(parents=True)
+    target.write_text(yaml.safe_dump(config))
+    return target
+
+
+def _build_packed_shards(config: Path) -> dg.ExecuteInProcessResult:
+    vlm_config = VlmConfig(config_path=str(config))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["clips"])
+    result = dg.materialize(
+        [sample_catalog, sample_lengths, packing_bins, packed_json, packed_wds_shards], partition_key="clips",
+        instance=instance, resources={"vlm_config": vlm_config, "hf_processor": HFProcessor(vlm_config=vlm_config)},
+    )
+    assert result.success
+    return result
+
+
+def _hostile_records() -> list[dict]:
+    ask = [{"role": "user", "content": "<image>What is this?"}, {"role": "assistant", "content": "A still."}]
+    return [{"id": f"hostile-{index}", "messages": ask, "images": [name]} for index, name in enumerate(
+        ["../../secret/key.jpg", "/etc/passwd", "s3://another-bucket/x.jpg", "stills/../../../outside.jpg"])]
+
+
+def test_a_jsonl_source_on_object_storage_packs_as_the_same_source_on_disk(demo_config_path, tmp_path, bucket):
+    demo = demo_config_path.parent
+    local = tmp_path / "local_source"
+    shutil.copytree(demo / "media", local / "media")
+    lines = (demo / "video_train.jsonl").read_text().splitlines()
+    lines += [json.dumps(record) for record in _hostile_records()]
+    (local / "train.jsonl").write_text("\n".join(lines) + "\n")
+    _upload(local, bucket, "vlm/clips")
+    client().put_object(Bucket=bucket, Key="vlm/secret/key.jpg", Body=(local / "media/stills/frame_still.jpg").read_bytes())
+
+    on_disk = _config(tmp_path, "disk", str(local / "train.jsonl"), str(local / "media"))
+    on_store = _config(tmp_path, "store", f"s3://{bucket}/vlm/clips/train.jsonl", f"s3://{bucket}/vlm/clips/media")
+    _build_packed_shards(on_disk)
+    requests_before = sum(REQUESTS.values())
+    result = _build_packed_shards(on_store)
+    assert sum(REQUESTS.values()) > requests_before  # read through the S3 API, not from a local copy
+
+    disk, store = StorageLayout(tmp_path / "disk/out"), StorageLayout(tmp_path / "store/out")
+    assert store.packed_json("clips").read_bytes() == disk.packed_json("clips").read_bytes()
+    disk_shards = sorted(disk.packed_wds("clips").glob("*.tar"))
+    assert disk_shards and [path.read_bytes() for path in disk_shards] == [
+        (store.packed_wds("clips") / path.name).read_bytes() for path in disk_shards]
+    assert store.bins("clips").read_bytes() == disk.bins("clips").read_bytes()
+
+    catalog = pd.read_parquet(store.catalog("clips")).set_index("sample_id")
+    reasons = catalog.reason.to_dict()
+    for index in range(4):
+        assert "escapes the source" in reasons[f"clips/hostile-{index}"] or "absolute path" in reasons[f"clips/hostile-{index}"]
+    assert "outside" in reasons["clips/hostile-0"] and f"s3://{bucket}/vlm/clips/media" in reasons["clips/hostile-0"]
+    assert "missing media" in reasons["clips/v5"] and f"s3://{bucket}/vlm/clips/media/clips/missing.mp4" in reasons["clips/v5"]
+    secrets = {os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]}
+    for event in result.all_events:
+        assert not any(secret in str(event) for secret in secrets)
+
+
+def test_an_unchanged_source_on_object_storage_is_listed_not_read_and_an_edit_changes_its_digest(tmp_path, bucket):
+    for index in range(3):
+        client().put_object(Bucket=bucket, Key=f"src/media/{index}.jpg", Body=b"x" * index)
+    client().put_object(Bucket=bucket, Key="src/train.jsonl", Body=b"{}\n")
+    source = load_config(_config(tmp_path, "walk", f"s3://{bucket}/src/train.jsonl", f"s3://{bucket}/src/media")).sources[0]
+    first = walk_source(source, [])
+    gets = REQUESTS["get"]
+    assert walk_source(source, []) == first and REQUESTS["get"] == gets
+    assert first.snapshot[0] == 4  # the manifest and its own media root's three objects
+    client().put_object(Bucket=bucket, Key="src/media/1.jpg", Body=b"y")  # same size, new bytes: a new ETag
+    assert walk_source(source, []).digest != first.digest
+
+
+def test_object_storage_settings_are_checked_on_load(tmp_path):
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.media_root: .*must all be on object storage"):
+        load_config(_config(tmp_path, "mixed", "s3://data/train.jsonl", str(tmp_path)))
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.path: a flat_dir source cannot be read from object storage"):
+        config = _config(tmp_path, "flat", "s3://data/folder", "s3://data/folder")
+        config.write_text(config.read_text().replace("kind: jsonl", "kind: flat_dir"))
+        load_config(config)
+    with pytest.raises(ConfigError, match="credentials"):
+        load_config(_config(tmp_path, "secret", "s3://key:secret@data/train.jsonl", "s3://key:secret@data/media"))
