@@ -194,3 +194,29 @@ def test_object_storage_settings_are_checked_on_load(tmp_path):
         load_config(config)
     with pytest.raises(ConfigError, match="credentials"):
         load_config(_config(tmp_path, "secret", "s3://key:secret@data/train.jsonl", "s3://key:secret@data/media"))
+
+
+def test_lines_appended_to_a_manifest_on_object_storage_are_read_alone(demo_config_path, tmp_path, bucket):
+    demo = demo_config_path.parent
+    _upload(demo / "media", bucket, "clips/media")
+    lines = (demo / "video_train.jsonl").read_bytes()
+    client().put_object(Bucket=bucket, Key="clips/train.jsonl", Body=lines)
+    config = _config(tmp_path, "append", f"s3://{bucket}/clips/train.jsonl", f"s3://{bucket}/clips/media")
+    vlm_config = VlmConfig(config_path=str(config))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["clips"])
+
+    def catalogue() -> dict:
+        result = dg.materialize([sample_catalog], partition_key="clips", instance=instance,
+                                resources={"vlm_config": vlm_config})
+        return {key: value.value for key, value in result.asset_materializations_for_node("sample_catalog")[0].metadata.items()
+                if key in ("rows_kept", "samples")}
+
+    first = catalogue()
+    record = {"id": "v7", "messages": [{"role": "user", "content": "<video>Again?"}, {"role": "assistant", "content": "Yes."}],
+              "videos": ["clips/sweep.mkv"]}
+    client().put_object(Bucket=bucket, Key="clips/train.jsonl", Body=lines + json.dumps(record).encode() + b"\n")
+    second = catalogue()
+    assert second["rows_kept"] == first["samples"]
+    table = pd.read_parquet(StorageLayout(tmp_path / "append/out").catalog("clips"))
+    assert list(table.sample_id)[-1] == "clips/v7" and table.status.iloc[-1] == "ok"
