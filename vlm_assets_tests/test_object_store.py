@@ -220,3 +220,32 @@ def test_lines_appended_to_a_manifest_on_object_storage_are_read_alone(demo_conf
     assert second["rows_kept"] == first["samples"]
     table = pd.read_parquet(StorageLayout(tmp_path / "append/out").catalog("clips"))
     assert list(table.sample_id)[-1] == "clips/v7" and table.status.iloc[-1] == "ok"
+
+
+@pytest.mark.processes
+def test_the_demo_graph_with_its_jsonl_source_on_object_storage_matches_the_reference_run(
+        demo_config_path, reference_run, tmp_path, bucket):
+    from vlm_assets_tests.run_support import run, site_config, snapshot
+
+    demo = demo_config_path.parent
+    video = next(source for source in load_config(demo_config_path).sources if source.kind == "jsonl")
+    _upload(Path(video.media_root), bucket, "demo/media")
+    client().upload_file(str(video.path), bucket, "demo/video_train.jsonl")
+    config = site_config(demo_config_path, tmp_path / "site")
+    raw = yaml.safe_load(config.read_text())
+    for source in raw["sources"]:
+        if source["name"] == video.name:
+            source.update(path=f"s3://{bucket}/demo/video_train.jsonl", media_root=f"s3://{bucket}/demo/media")
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    result = run(config, tmp_path / "site/home", "--workers", "2")
+    assert result.returncode == 0, result.stdout[-4000:]
+    outputs = snapshot(tmp_path / "site/vlm_data")
+    # Everything the trainer reads is the reference's; the catalogue, the rejects and the frame plan
+    # name where the bytes were.
+    compared = [path for path in reference_run.outputs if path.startswith(("packed_json/", "packed_wds/", "frame_cache/"))]
+    assert any(path.startswith(f"packed_wds/{video.name}/") for path in compared)
+    differing = sorted(path for path in compared if outputs.get(path) != reference_run.outputs[path])
+    # Only the frame plan and the shards' done records differ: they record each video's media ref.
+    assert all(path.endswith(("/plan.jsonl", ".done.json")) for path in differing), differing
+    assert (demo / "video_train.jsonl").is_file()

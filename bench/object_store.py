@@ -1,0 +1,422 @@
+"""A build whose jsonl source lies on S3-compatible storage vs the same files on a local disk.
+
+    .venv/bin/python bench/object_store.py [--samples 20000] [--repeats 2] [--workers 2] [--quick]
+
+Input, generated once with fixed seeds under bench/out/object_store/ (reruns reuse it): one jsonl
+source of --samples records, each with one image (bench/scale.py's generator: JPEG or PNG, 48–320 px
+a side, blocky noise) and a conversation of 1–3 turns.
+
+A moto S3 server (`moto_server` from the virtualenv, moto[server]) is started on a free loopback
+port, logging to bench/out/object_store/moto.log, and the manifest and every medium are uploaded to
+a fresh bucket under the same layout as on disk (the upload time is printed, not compared).
+
+Then the real CLI, `python -m vlm_assets.cli run --config CFG --workers N` (the whole graph of
+the one source), runs --repeats times on each site, alternating local then S3 so load from other
+processes drifts over both alike, each run on a fresh DAGSTER_HOME and storage root:
+  local   path and media_root are the files on disk; no AWS variables in its environment
+  S3      path and media_root are s3:// URLs of the uploaded copy; the endpoint and credentials
+          reach the product through AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+          AWS_DEFAULT_REGION only, as the README prescribes
+Outputs (storage.root) are local in both.
+
+Prints, per run: wall time, the cores the CLI and its children used, the moto server's own CPU
+(it shares this machine's cores with the workers, which a real remote store would not), and the
+cores other processes and the hypervisor took meanwhile. Then side by side, per repeat and as
+medians: the wall time end to end and the seconds inside each asset's runs (from the run records
+of the Dagster instance; with 2 workers, runs of one asset overlap and their seconds add up), with
+the ratio S3/local of each and the end-to-end ratio against the target (≤ 1.5× local disk).
+Requests: every request the server logged during an S3 run (werkzeug logs one line per request, so
+the count covers all of the product's worker processes), per sample by kind (HEAD, GET of an object,
+list = GET with list-type=2), and by the step whose run was in progress in the second the request was
+logged (approximate at step boundaries). Last, whether each S3 run's packed JSON and shards are
+byte-identical to those of the local run of the same repeat.
+
+Loopback is no network: what this measures is the product's cost per request (boto3, HTTP,
+moto's handling) on top of the same reads from a warm page cache, not a store's latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from scale import (  # noqa: E402
+    QUESTIONS,
+    Measured,
+    _free_port,
+    _publish,
+    attribute_time,
+    children_cpu,
+    clean_env,
+    generate_image,
+    machine_cpu,
+)
+
+from vlm_assets.asset_registry import ASSET_NAMES  # noqa: E402
+from vlm_assets.layout import StorageLayout  # noqa: E402
+
+PYTHON = sys.executable
+OUT = ROOT / "bench" / "out" / "object_store"
+SOURCE = "images"
+BUCKET = "vlm-bench"
+PREFIX = "vlm/images"  # the source's folder in the bucket, mirroring its folder on disk
+TARGET_RATIO = 1.5  # S3 at most this many times local disk, end to end
+QUICK_SAMPLES = 500
+SITES = ("local", "S3")
+# Throwaway credentials for the loopback server; moto accepts any.
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "vlm-bench-key", "AWS_SECRET_ACCESS_KEY": "vlm-bench-secret",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+# Variables that could point a local run, or boto in an S3 run, somewhere other than intended.
+AWS_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE",
+                 "AWS_SHARED_CREDENTIALS_FILE", *AWS_ENV)
+CONFIG = {
+    "model": {"processor": "embedded", "processor_kwargs": {"min_pixels": 3136, "max_pixels": 200704}},
+    "sample": {"sample_type": "packed_multi_mix_qa", "max_token_len": 8192},
+    "packing": {"min_fill_ratio": 0.0},
+    # Several shards, so the shard writer's processes have more than one to share.
+    "wds": {"maxcount": 64},
+}
+# werkzeug's access line: 127.0.0.1 - - [21/Mar/2025 10:00:00] "GET /bucket/key?x=y HTTP/1.1" 206 -
+REQUEST_LINE = re.compile(r'\[(\d+/\w+/\d+ \d+:\d+:\d+)\] "([A-Z]+) (\S+) HTTP/[\d.]+" (\d{3})')
+
+
+# -- the source: generated once, deterministic, cached ---------------------------------------------
+
+def image_name(index: int) -> str:
+    return f"img_{index:06d}.{'png' if index % 3 == 0 else 'jpg'}"
+
+
+def conversation(rng: random.Random) -> list[dict[str, str]]:
+    messages = []
+    # QUESTIONS' last pair is about a clip; these samples are stills.
+    for turn in range(rng.randint(1, 3)):
+        question, answer = rng.choice(QUESTIONS[:-1])
+        messages.append({"role": "user", "content": ("<image>" if turn == 0 else "") + question})
+        messages.append({"role": "assistant", "content": answer})
+    return messages
+
+
+def _generate_images(indices: list[int], media: Path) -> None:
+    for index in indices:
+        generate_image(media / image_name(index), index)
+
+
+def write_source(folder: Path, count: int) -> Path:
+    """`count` images (made only where missing) in folder/media and the manifest folder/images.jsonl."""
+    media = folder / "media"
+    media.mkdir(parents=True, exist_ok=True)
+    missing = [index for index in range(count) if not (media / image_name(index)).exists()]
+    if missing:
+        started = time.perf_counter()
+        batches = [missing[start:start + 500] for start in range(0, len(missing), 500)]
+        with ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(_generate_images, batches, [media] * len(batches)))
+        print(f"generated {len(missing)} images in {time.perf_counter() - started:.1f} s", flush=True)
+    manifest = folder / f"{SOURCE}.jsonl"
+    if not manifest.exists():
+        rng = random.Random(SOURCE)
+        lines = [json.dumps({"id": f"i{index:06d}", "messages": conversation(rng), "images": [image_name(index)]})
+                 for index in range(count)]
+        _publish(manifest, lambda target: target.write_text("\n".join(lines) + "\n", encoding="utf-8"))
+    return manifest
+
+
+# -- the S3 server: moto on loopback, one log line per request -----------------------------------
+
+@dataclass(frozen=True)
+class Server:
+    endpoint: str
+    pid: int
+    log: Path
+
+    def cpu(self) -> float:
+        """User+sys seconds the server process has used so far."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def log_position(self) -> int:
+        return self.log.stat().st_size
+
+
+@contextmanager
+def moto_server(log: Path) -> Iterator[Server]:
+    executable = shutil.which("moto_server", path=str(Path(PYTHON).parent)) or shutil.which("moto_server")
+    if executable is None:
+        raise SystemExit("moto_server is not installed: `pip install 'moto[server]'` in the virtualenv")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    with open(log, "wb") as output:
+        process = subprocess.Popen([executable, "-H", "127.0.0.1", "-p", str(port)], stdout=output,
+                                   stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"moto_server did not answer at {endpoint}; log {log}:\n"
+                                     + log.read_text(errors="replace")[-2000:])
+                time.sleep(0.2)
+        yield Server(endpoint, process.pid, log)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def upload(server: Server, folder: Path) -> None:
+    """The source's folder, manifest and media, into the bucket below PREFIX."""
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"], region_name=AWS_ENV["AWS_DEFAULT_REGION"],
+                      config=Config(max_pool_connections=16))
+    s3.create_bucket(Bucket=BUCKET)
+    files = sorted(path for path in folder.rglob("*") if path.is_file())
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda path: s3.upload_file(str(path), BUCKET, f"{PREFIX}/{path.relative_to(folder).as_posix()}"),
+                      files))
+    size = sum(path.stat().st_size for path in files)
+    print(f"uploaded {len(files)} objects ({size / 2**20:.0f} MiB) to s3://{BUCKET}/{PREFIX} in "
+          f"{time.perf_counter() - started:.1f} s (not part of the comparison)", flush=True)
+
+
+@dataclass
+class Request:
+    second: float  # when the server logged it, whole seconds since the epoch
+    kind: str  # HEAD, GET, list, PUT, …
+    status: int
+
+
+def requests_since(log: Path, position: int) -> list[Request]:
+    """The requests the server logged after byte `position` of its log."""
+    with open(log, "rb") as handle:
+        handle.seek(position)
+        text = handle.read().decode("utf-8", errors="replace")
+    requests = []
+    for match in REQUEST_LINE.finditer(text):
+        stamp, method, target, status = match.groups()
+        kind = "list" if method == "GET" and "list-type=2" in target.partition("?")[2] else method
+        # werkzeug stamps its lines in local time, as time.mktime reads them.
+        requests.append(Request(time.mktime(time.strptime(stamp, "%d/%b/%Y %H:%M:%S")), kind, int(status)))
+    return requests
+
+
+# -- one build, measured -----------------------------------------------------------------------------
+
+@dataclass
+class Build:
+    site: str
+    repeat: int
+    workdir: Path
+    measured: Measured
+    server_cpu: float = 0.0
+    requests: list[Request] = field(default_factory=list)
+    intervals: list[tuple[str, float, float]] = field(default_factory=list)  # (asset, start, end) per run
+
+
+def site_config(site: str, workdir: Path, folder: Path, manifest: Path) -> Path:
+    if site == "local":
+        path, media_root = str(manifest), str(folder / "media")
+    else:
+        path, media_root = f"s3://{BUCKET}/{PREFIX}/{manifest.name}", f"s3://{BUCKET}/{PREFIX}/media"
+    config = {"storage": {"root": str(workdir / "vlm_data")},
+              "sources": [{"name": SOURCE, "kind": "jsonl", "path": path, "media_root": media_root}], **CONFIG}
+    target = workdir / "vlm_assets.yaml"
+    target.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return target
+
+
+def run_intervals(home: Path, since: float) -> list[tuple[str, float, float]]:
+    import dagster as dg
+
+    from vlm_assets.defs.tags import ASSET_TAG
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return [(record.dagster_run.tags.get(ASSET_TAG, "?"), record.start_time, record.end_time)
+                for record in instance.get_run_records()
+                if record.start_time and record.end_time and record.start_time >= since]
+
+
+def build(site: str, repeat: int, folder: Path, manifest: Path, workers: int, server: Server) -> Build:
+    workdir = OUT / "runs" / f"{site.lower()}-{repeat}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    config = site_config(site, workdir, folder, manifest)
+    env = {key: value for key, value in clean_env(workdir / "dagster_home").items() if key not in AWS_VARIABLES}
+    if site == "S3":
+        env.update(AWS_ENV, AWS_ENDPOINT_URL=server.endpoint)
+    command = [PYTHON, "-m", "vlm_assets.cli", "run", "--config", str(config), "--workers", str(workers)]
+    log = workdir / "run.log"
+    position, server_cpu = server.log_position(), server.cpu()
+    since = time.time()
+    cpu_before, (busy_before, stolen_before), started = children_cpu(), machine_cpu(), time.perf_counter()
+    with open(log, "w", encoding="utf-8") as handle:
+        result = subprocess.run(command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    wall, cpu = time.perf_counter() - started, children_cpu() - cpu_before
+    busy_after, stolen_after = machine_cpu()
+    server_cpu = server.cpu() - server_cpu
+    if result.returncode != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+        raise SystemExit(f"{site} run {repeat + 1}: `{' '.join(command)}` exited {result.returncode}; log {log}:\n"
+                         + "\n".join(tail))
+    # The server's CPU counts among the other processes in /proc/stat; it is reported on its own.
+    others = max(0.0, busy_after - busy_before - cpu - server_cpu) / wall
+    measured = Measured(wall, cpu, others, (stolen_after - stolen_before) / wall)
+    attribute_time(workdir / "dagster_home", measured, since)
+    done = Build(site, repeat, workdir, measured, server_cpu, requests_since(server.log, position),
+                 run_intervals(workdir / "dagster_home", since))
+    print(f"  {site:<5} run {repeat + 1}: {wall:7.1f} s wall, CLI and workers {cpu / wall:.2f} cores, "
+          f"S3 server {server_cpu / wall:.2f} cores, other processes {others:.2f}, stolen {measured.stolen:.2f}; "
+          f"{len(done.requests)} requests to the server", flush=True)
+    return done
+
+
+def compare_outputs(local: Build, remote: Build) -> str:
+    """Whether the S3 build's packed JSON and shards have the local build's bytes, in words."""
+    mine, theirs = StorageLayout(local.workdir / "vlm_data"), StorageLayout(remote.workdir / "vlm_data")
+    json_same = mine.packed_json(SOURCE).read_bytes() == theirs.packed_json(SOURCE).read_bytes()
+    local_shards = sorted(path.name for path in mine.packed_wds(SOURCE).glob("*.tar"))
+    remote_shards = sorted(path.name for path in theirs.packed_wds(SOURCE).glob("*.tar"))
+    same = [name for name in local_shards if name in remote_shards
+            and (mine.packed_wds(SOURCE) / name).read_bytes() == (theirs.packed_wds(SOURCE) / name).read_bytes()]
+    verdict = "byte-identical" if json_same and local_shards and same == local_shards == remote_shards else "DIFFERENT"
+    return (f"{verdict}: packed JSON {'identical' if json_same else 'differs'}; "
+            f"{len(same)} of {len(local_shards)} local shards identical in the S3 build ({len(remote_shards)} there)")
+
+
+# -- the report --------------------------------------------------------------------------------------
+
+def ratio(remote: float, local: float) -> str:
+    return f"{remote / local:.2f}×" if local > 0 else "—"
+
+
+def print_times(builds: dict[str, list[Build]], repeats: int) -> None:
+    ran = {asset for site in SITES for run in builds[site] for asset in run.measured.in_runs}
+    steps = [name for name in ASSET_NAMES if name in ran] + sorted(ran - set(ASSET_NAMES))
+    rows: list[tuple[str, dict[str, list[float]]]] = [
+        ("end to end (wall)", {site: [run.measured.wall for run in builds[site]] for site in SITES})]
+    rows += [(step, {site: [run.measured.in_runs.get(step, 0.0) for run in builds[site]] for site in SITES})
+             for step in steps]
+    rows.append(("(outside any run)", {site: [run.measured.outside_runs for run in builds[site]] for site in SITES}))
+    header = "| seconds | " + " | ".join(f"local {n} | S3 {n} | S3/local {n}" for n in range(1, repeats + 1))
+    print(f"\n{header} | local median | S3 median | S3/local (medians) |")
+    print("|---|" + "---:|" * (3 * repeats + 3))
+    for label, values in rows:
+        cells = [f"{values['local'][n]:.1f} | {values['S3'][n]:.1f} | {ratio(values['S3'][n], values['local'][n])}"
+                 for n in range(repeats)]
+        local, remote = statistics.median(values["local"]), statistics.median(values["S3"])
+        print(f"| {label} | " + " | ".join(cells) + f" | {local:.1f} | {remote:.1f} | {ratio(remote, local)} |")
+    print("  (a step's seconds are summed over its runs: with 2 workers, chunk runs overlap)")
+
+    local = statistics.median(run.measured.wall for run in builds["local"])
+    remote = statistics.median(run.measured.wall for run in builds["S3"])
+    verdict = "met" if remote <= TARGET_RATIO * local else "MISSED"
+    print(f"\nend to end, medians: S3 {remote:.1f} s vs local {local:.1f} s = {remote / local:.2f}× "
+          f"(target ≤ {TARGET_RATIO}×: {verdict})")
+    extra = {label: statistics.median(values["S3"]) - statistics.median(values["local"]) for label, values in rows[1:]}
+    ratios = {label: statistics.median(values["S3"]) / statistics.median(values["local"])
+              for label, values in rows[1:-1] if statistics.median(values["local"]) >= 0.5}
+    if ratios:
+        worst = max(ratios, key=ratios.get)
+        print(f"worst ratio (steps of at least 0.5 s locally): {worst} {ratios[worst]:.2f}×")
+    most = max(extra, key=extra.get)
+    print(f"most extra seconds: {most} +{extra[most]:.1f} s of the end-to-end +{remote - local:.1f} s")
+
+
+def step_at(second: float, intervals: list[tuple[str, float, float]]) -> str:
+    """The step whose run was in progress during this second of the clock, or how it is ambiguous."""
+    running = {asset for asset, start, end in intervals if start < second + 1 and end >= second}
+    if len(running) == 1:
+        return running.pop()
+    return "(between runs)" if not running else "(two steps in that second)"
+
+
+def print_requests(builds: dict[str, list[Build]], samples: int) -> None:
+    for run in builds["local"]:
+        if run.requests:
+            print(f"\nWARNING: local run {run.repeat + 1} made {len(run.requests)} requests to the S3 server")
+    kinds = ["HEAD", "GET", "list"]
+    kinds += sorted({request.kind for run in builds["S3"] for request in run.requests} - set(kinds))
+    print(f"\nrequests to the S3 server per sample ({samples} samples), S3 runs:")
+    print("| run | " + " | ".join(kinds) + " | all | all (count) | not 2xx | server CPU (s) |")
+    print("|---|" + "---:|" * (len(kinds) + 4))
+    for run in builds["S3"]:
+        counts = Counter(request.kind for request in run.requests)
+        failed = sum(1 for request in run.requests if not 200 <= request.status < 300)
+        print(f"| {run.repeat + 1} | " + " | ".join(f"{counts[kind] / samples:.3f}" for kind in kinds)
+              + f" | {len(run.requests) / samples:.3f} | {len(run.requests)} | {failed} | {run.server_cpu:.1f} |")
+
+    first = builds["S3"][0]
+    by_step: dict[str, Counter[str]] = {}
+    for request in first.requests:
+        by_step.setdefault(step_at(request.second, first.intervals), Counter())[request.kind] += 1
+    order = {name: number for number, name in enumerate(ASSET_NAMES)}
+    print("\nrequests per sample by step, S3 run 1 (by the second each was logged: approximate at step boundaries):")
+    print("| step | " + " | ".join(kinds) + " | all |")
+    print("|---|" + "---:|" * (len(kinds) + 1))
+    for step in sorted(by_step, key=lambda name: order.get(name, len(order))):
+        counts = by_step[step]
+        print(f"| {step} | " + " | ".join(f"{counts[kind] / samples:.3f}" for kind in kinds)
+              + f" | {sum(counts.values()) / samples:.3f} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=20_000, help="records (one image each) in the source")
+    parser.add_argument("--repeats", type=int, default=2, help="builds per site, alternating local and S3")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK_SAMPLES} samples, one repeat")
+    args = parser.parse_args()
+    samples, repeats = (QUICK_SAMPLES, 1) if args.quick else (args.samples, args.repeats)
+
+    folder = OUT / "inputs" / str(samples)
+    manifest = write_source(folder, samples)
+    print(f"source: {samples} samples, one image each, 1–3 turns ({manifest}); {args.workers} workers, "
+          f"{repeats} repeat(s) per site", flush=True)
+    builds: dict[str, list[Build]] = {site: [] for site in SITES}
+    with moto_server(OUT / "moto.log") as server:
+        print(f"S3 server: moto at {server.endpoint} (log {server.log.relative_to(ROOT)})", flush=True)
+        upload(server, folder)
+        for repeat in range(repeats):
+            for site in SITES:
+                builds[site].append(build(site, repeat, folder, manifest, args.workers, server))
+            local, remote = builds["local"][repeat], builds["S3"][repeat]
+            print(f"  outputs, run {repeat + 1}: {compare_outputs(local, remote)}", flush=True)
+            if repeat < repeats - 1:  # the last pair stays, for a look at the outputs and logs
+                shutil.rmtree(local.workdir)
+                shutil.rmtree(remote.workdir)
+    print_times(builds, repeats)
+    print_requests(builds, samples)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
