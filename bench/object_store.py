@@ -348,7 +348,7 @@ def print_times(builds: dict[str, list[Build]], repeats: int) -> None:
         worst = max(ratios, key=ratios.get)
         print(f"worst ratio (steps of at least 0.5 s locally): {worst} {ratios[worst]:.2f}×")
     most = max(extra, key=extra.get)
-    print(f"most extra seconds: {most} +{extra[most]:.1f} s of the end-to-end +{remote - local:.1f} s")
+    print(f"most extra seconds: {most} {extra[most]:+.1f} s of the end-to-end {remote - local:+.1f} s")
 
 
 def step_at(second: float, intervals: list[tuple[str, float, float]]) -> str:

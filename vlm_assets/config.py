@@ -141,6 +141,9 @@ class AppConfig:
     wds: WdsConfig
     frame_cache: FrameCacheConfig
     package: PackageConfig
+    # `storage.root` on object storage: every output is built in `storage_root` (then a local working
+    # copy, `storage.work_dir`) and published there (vlm_assets.publish).
+    storage_url: ObjectURL | None = None
 
     def source(self, name: str) -> SourceConfig:
         for source in self.sources:
@@ -153,7 +156,7 @@ class AppConfig:
 
 
 _SECTION_KEYS = {
-    "storage": {"root"},
+    "storage": {"root", "work_dir"},
     "model": {"model_type", "processor", "processor_kwargs"},
     "sample": {"sample_type", "max_token_len", "text_key"},
     "packing": {"algorithm", "min_fill_ratio", "mode"},
@@ -266,7 +269,16 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
     for name, data in sections.items():
         reader.no_unknown(data, _SECTION_KEYS[name], name)
 
-    storage_root = reader.resolve(reader.string(sections["storage"], "root", "storage", DEFAULT_STORAGE_ROOT))
+    storage_raw = reader.string(sections["storage"], "root", "storage", DEFAULT_STORAGE_ROOT)
+    storage_url = _object_url(reader, storage_raw, "storage.root") if is_object_url(storage_raw) else None
+    if storage_url is not None:
+        work_dir = reader.string(sections["storage"], "work_dir", "storage", "")
+        storage_root = reader.resolve(work_dir) if work_dir else default_work_dir(storage_url)
+    elif "work_dir" in sections["storage"]:
+        raise reader.fail("storage.work_dir", "is for a storage.root on object storage (s3://…); a local root is "
+                          "its own working copy")
+    else:
+        storage_root = reader.resolve(storage_raw)
     _check_storage_root(reader, storage_root)
     inbox_raw = top.get("inbox", DEFAULT_INBOX)
     if not isinstance(inbox_raw, str) or not inbox_raw:
@@ -340,6 +352,7 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
     return AppConfig(
         path=config_path,
         storage_root=storage_root,
+        storage_url=storage_url,
         inbox=reader.resolve(inbox_raw),
         inbox_require_ready_marker=ready_marker,
         sources=_parse_sources(reader, top.get("sources"), inbox_given="inbox" in top),
@@ -350,6 +363,12 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
         frame_cache=frame_cache,
         package=package,
     )
+
+
+def default_work_dir(url: ObjectURL) -> Path:
+    """The local working copy of a storage root on object storage, in the user's cache folder."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "vlm-assets" / "s3" / url.bucket / url.key
 
 
 def _check_storage_root(reader: _Reader, root: Path) -> None:

@@ -71,6 +71,9 @@ def _settings(app: AppConfig, processor_fingerprint: str) -> dict[str, Any]:
 
 def code_versions(app: AppConfig, processor_fingerprint: str) -> dict[str, str]:
     settings = _settings(app, processor_fingerprint)
+    if app.storage_url is not None:
+        # Published there too: moving the root publishes everything again.
+        settings = {name: [*values, str(app.storage_url)] for name, values in settings.items()}
     return {name: f"r{revision}-{digest(settings[name])[:12]}" for name, revision in REVISIONS.items()}
 
 

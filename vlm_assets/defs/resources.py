@@ -4,6 +4,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -15,6 +16,7 @@ from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
 from vlm_assets.packing.mix import mixable
 from vlm_assets.progress import ProgressFile
+from vlm_assets.publish import msc_url, publish, published_outputs
 from vlm_assets.locks import file_locks, process_token
 from vlm_assets.root_owner import claim_storage_root
 
@@ -121,6 +123,25 @@ class VlmConfig(dg.ConfigurableResource):
         fingerprints its upstream outputs recorded, read now, before it reads them."""
         partition = context.partition_key if context.has_partition_key else None
         return self.fingerprints(context.instance).of(asset, partition)
+
+    def publish(self, context: dg.AssetExecutionContext, asset: str) -> dict[str, Any]:
+        """With `storage.root` on object storage, publish what this step of `asset` built there
+        (vlm_assets.publish) and return the metadata saying so; call it holding the step's locks.
+        With a local root: nothing to do, no metadata."""
+        url = self.app.storage_url
+        if url is None:
+            return {}
+        partition = context.partition_key if context.has_partition_key else None
+        published = publish(self.app.storage_root, url, published_outputs(self.layout, asset, partition, self.app))
+        context.log.info(published.describe(url))
+        return {"published_to": str(url), "objects_put": published.put, "objects_unchanged": published.unchanged,
+                "objects_deleted": published.deleted}
+
+    def energon_location(self, path: Path) -> Path | str:
+        """Where Energon reads the dataset (or mix) at `path` from: its published copy when
+        `storage.root` is on object storage (an `msc://` path), else the file itself."""
+        url = self.app.storage_url
+        return path if url is None else msc_url(self.app.storage_root, url, path)
 
     @contextlib.contextmanager
     def locked(self, log: dg.DagsterLogManager, exclusive: Iterable[str] = (), shared: Iterable[str] = ()) -> Iterator[None]:

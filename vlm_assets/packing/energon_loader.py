@@ -72,12 +72,13 @@ class _CheckEncoder(DefaultTaskEncoder):
         return samples
 
 
-def load_all_ids(root: Path, start: int = 0) -> list[str]:
+def load_all_ids(root: Path | str, start: int = 0) -> list[str]:
     """Load every sample of the prepared dataset through Energon; errors propagate.
 
     Media arrive as their bytes, undecoded: the catalogue already decoded each one, and decoding
     them again here would make the check cost more than the whole packing.
 
+    `root`: a local folder, or a dataset on object storage as Energon names it (`msc://…`).
     `start`: load only the samples from that index on, in the dataset's order (shard by shard),
     through a metadataset that takes that subset of it.
 
@@ -90,12 +91,13 @@ def load_all_ids(root: Path, start: int = 0) -> list[str]:
         view.write_text(yaml.safe_dump({
             "__module__": "megatron.energon",
             "__class__": "MetadatasetV2",
-            "splits": {SPLIT: {"path": str(root.absolute()), "subset": {"range": [start, "end"]}}},
+            "splits": {SPLIT: {"path": root if isinstance(root, str) else str(root.absolute()),
+                               "subset": {"range": [start, "end"]}}},
         }, sort_keys=False), encoding="utf-8")
         return _load_ids(view)
 
 
-def _load_ids(path: Path) -> list[str]:
+def _load_ids(path: Path | str) -> list[str]:
     worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0, global_error_handler=reraise_exception)
     dataset = get_val_dataset(
         path,
@@ -108,7 +110,7 @@ def _load_ids(path: Path) -> list[str]:
     return [sample.record["id"] for sample in _samples(dataset)]
 
 
-def draw_from_metadataset(metadataset: Path, draws: int, seed: int) -> list[LoadedPackedSample]:
+def draw_from_metadataset(metadataset: Path | str, draws: int, seed: int) -> list[LoadedPackedSample]:
     """The first `draws` training samples Energon's train loader yields from `metadataset`.
 
     One rank, no worker processes, no shuffle buffer: each draw picks a blended dataset at random

@@ -5,6 +5,8 @@ from collections import Counter
 from pathlib import Path
 from importlib.metadata import version
 
+from typing import Any
+
 import dagster as dg
 import numpy as np
 import pandas as pd
@@ -93,7 +95,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
             # Recorded before the materialisation, so the UI compares later observations with what this read.
             context.log_event(source_files_observation(source, walked))
         built = _catalogue(context, vlm_config, fingerprints, source, walked.snapshot, progress)
-    summary, validator, chunks = built
+    summary, validator, chunks, published = built
     fingerprint = fingerprints.of("sample_catalog", source.name)
     _register_chunk_indices(context.instance, len(chunks))
     if summary.kept:
@@ -117,15 +119,18 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         "media_unchanged_since_last_check": validator.remembered,
         "length_chunks": len(chunks),
         "rows_per_length_chunk": chunks.rows,
+        **published,
     }, fingerprint,
         # Its bytes: a catalogue rebuilt unchanged (a file touched) leaves its chunks fresh in the UI too.
         data_version=sha256_file(path)[:20]))
 
 
 def _catalogue(context: dg.AssetExecutionContext, vlm_config: VlmConfig, fingerprints: Fingerprints,
-               source: SourceConfig, before: Snapshot, progress: LoggedProgress) -> tuple[CatalogSummary, MediaValidator, ChunkPlan]:
+               source: SourceConfig, before: Snapshot, progress: LoggedProgress,
+               ) -> tuple[CatalogSummary, MediaValidator, ChunkPlan, dict[str, Any]]:
     """Write the source's catalogue and its chunk plan, from files that were as `before` says when
-    the reading began (SourceChangedError when they no longer are once it ends)."""
+    the reading began (SourceChangedError when they no longer are once it ends); and where they
+    were published (VlmConfig.publish)."""
     app, layout = vlm_config.app, vlm_config.layout
     path = layout.catalog(source.name)
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source.name)]):
@@ -146,7 +151,8 @@ def _catalogue(context: dg.AssetExecutionContext, vlm_config: VlmConfig, fingerp
         )
         chunks = plan_chunks(path, source.chunk_rows)
         chunks.save(layout.chunk_plan(source.name))
-    return summary, validator, chunks
+        published = vlm_config.publish(context, "sample_catalog")
+    return summary, validator, chunks, published
 
 
 def _register_chunk_indices(instance: dg.DagsterInstance, count: int) -> None:
@@ -252,6 +258,7 @@ def sample_lengths(
         # Chunks measured by their own runs (sample_length_chunk, forced ones too) are taken from the
         # store; any chunk not measured yet (a run of this asset alone) is measured here.
         summary = _measure_lengths(context, vlm_config, source, path)
+        published = vlm_config.publish(context, "sample_lengths")
     profile = summary.profile
     lengths = summary.ok_token_lens
     return dg.MaterializeResult(**versioned({
@@ -272,6 +279,7 @@ def sample_lengths(
         "length_path": profile.describe(),
         "special_tokens_in_text": source.special_tokens_in_text,
         "processor_fingerprint": hf_processor.fingerprint(),
+        **published,
     }, fingerprint))
 
 

@@ -93,6 +93,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         known = _known_frames(vlm_config, context.log)
         plan, added = extend_plan(existing, videos, app.frame_cache, known, report, decoded=spool.sampled)
         write_plan(cache_dir, plan)
+        published = vlm_config.publish(context, "video_frame_plan")
     orphans = spool.keep_only(video.ref for video in plan)
     if orphans:
         context.log.info(f"removed {plural(orphans, 'spooled mosaic')} of videos that are not in the plan")
@@ -113,6 +114,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         "sources_without_catalog": dg.MetadataValue.json(missing),
         "path": dg.MetadataValue.path(str(cache_dir)),
         "latest_videos": dg.MetadataValue.md(plan_table_md(plan)),
+        **published,
     }, fingerprint, data_version=plan_file_digest(cache_dir)))
 
 
@@ -149,6 +151,7 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
     with vlm_config.locked(context.log, **locks):
         spool = MosaicSpool(vlm_config.layout.mosaic_spool(settings), settings)
         record, reused = ensure_shard(cache_dir, shard, members, settings, on_video=report, spool=spool)
+        published = vlm_config.publish(context, "frame_cache_shard")
     seconds = time.perf_counter() - started
     context.log.info(f"{shard}: {'reused' if reused else 'built'} — {len(record.entries)} cached, {len(record.failures)} failed")
     return dg.MaterializeResult(**versioned({
@@ -163,6 +166,7 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
         "failures": dg.MetadataValue.md(
             "\n".join(f"- `{failure.video_id}`: {failure.error}" for failure in record.failures) or "none"
         ),
+        **published,
     }, fingerprint))
 
 
@@ -178,6 +182,7 @@ def frame_cache_index(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
     with vlm_config.locked(context.log, exclusive=[frame_cache_lock(vlm_config, "index")]):
         plan = read_plan(cache_dir)
         summary = write_index(cache_dir, plan, vlm_config.app.frame_cache)
+        published = vlm_config.publish(context, "frame_cache_index")
     context.log.info(summary.line())
     if summary.shards_pending:
         context.log.warning(f"shards not built yet: {', '.join(summary.shards_pending)}")
@@ -190,4 +195,5 @@ def frame_cache_index(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
         "shards_pending": dg.MetadataValue.json(summary.shards_pending),
         "summary": summary.line(),
         "path": dg.MetadataValue.path(str(cache_dir)),
+        **published,
     }, fingerprint))

@@ -58,6 +58,7 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
             if old != target and old.exists():
                 old.unlink()
                 context.log.info(f"removed {old} (package now written as {spec.compress})")
+        published = vlm_config.publish(context, "training_package")
     return dg.MaterializeResult(**versioned({
         "path": dg.MetadataValue.path(str(result.path)),
         "compress": spec.compress,
@@ -68,6 +69,7 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         "file_count": dg.MetadataValue.int(len(result.manifest.files)),
         "roles": dg.MetadataValue.md(_roles_table(result)),
         "checksum_seconds": dg.MetadataValue.float(round(result.hash_seconds, 3)),
+        **published,
         "write_seconds": dg.MetadataValue.float(round(result.write_seconds, 3)),
     }, fingerprint))
 

@@ -88,6 +88,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         write_parquet(plan.rejects, rejects_path)
         # Metadata and checks judge what landed on disk, not what we meant to write.
         bins, rejects = read_bins(bins_path), pd.read_parquet(rejects_path)
+        published = vlm_config.publish(context, "packing_bins")
     packed_lengths = np.asarray([length for values in bins["lengths"] for length in values], dtype=np.int64)
     yield dg.MaterializeResult(**versioned({
         "bins_path": dg.MetadataValue.path(str(bins_path)),
@@ -100,6 +101,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         "outcomes": dg.MetadataValue.md(reject_counts_md(int(packed_lengths.size), rejects)),
         "length_histogram": dg.MetadataValue.md(length_histogram_md(packed_lengths, app.sample.max_token_len)),
         "fill_summary": dg.MetadataValue.md(fill_summary_md(bins, app.sample.max_token_len)),
+        **published,
     }, fingerprint))
     yield from checks.packing_bins_results(catalog["sample_id"], bins, rejects, app)
 
@@ -132,6 +134,7 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
                     shutil.copyfileobj(earlier, handle)
             count = kept + write_packed_jsonl(source, itertools.islice(iter_bins(bins_path), kept, None), samples,
                                               sample_type, handle, processes)
+        published = vlm_config.publish(context, "packed_json")
     context.log.info(f"{source}: {count} packed records -> {path}" + (f" ({kept} kept)" if kept else "")
                      + (f" ({processes} processes)" if processes > 1 else ""))
     return dg.MaterializeResult(**versioned({
@@ -140,6 +143,7 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
         "records_kept": kept,
         "sample_type": sample_type,
         "processes": processes,
+        **published,
     }, fingerprint))
 
 
@@ -188,6 +192,7 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         context.log.info(f"{source}: {plural(written, 'sample')} in {plural(len(shards), 'shard')} -> {directory}"
                          + (f" ({processes} processes)" if processes > 1 else ""))
         members_result = checks.shard_members_result(list_shards(directory), jsonl_path, processes, checked)
+        published = vlm_config.publish(context, "packed_wds_shards")
     table = ["| shard | samples | bytes |", "|---|---:|---:|"] + [
         f"| {shard.path.name} | {len(shard.keys)} | {shard.size} |" for shard in shards
     ]
@@ -200,6 +205,7 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         "bytes": sum(shard.size for shard in shards),
         "shard_paths": dg.MetadataValue.json([str(shard.path) for shard in shards]),
         "shard_table": dg.MetadataValue.md("\n".join(table)),
+        **published,
     }, fingerprint))
     yield members_result
 
@@ -227,6 +233,7 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
         context.log.info(f"{source.name}: preparing Energon metadata over {plural(len(shards), 'shard')} in {root}")
         dataset = prepare_energon_dataset(root, shards, subflavors, previous=previous)
         dataset.record.save(record_path)
+        published = vlm_config.publish(context, "energon_dataset")
     if dataset.kept_shards:
         context.log.info(f"{source.name}: kept the index entries of the {plural(dataset.kept_shards, 'shard')} "
                          f"indexed before; Energon read only the {plural(len(shards) - dataset.kept_shards, 'new shard')}")
@@ -241,6 +248,7 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
         "samples": dataset.sample_count,
         "index_uuid": dataset.record.index_uuid,
         "subflavors": dg.MetadataValue.json(subflavors),
+        **published,
     }, fingerprint))
 
 
@@ -269,6 +277,7 @@ def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         if legacy.is_dir():
             shutil.rmtree(legacy)
             context.log.info(f"removed {legacy}: each source now has its own Energon dataset")
+        published = vlm_config.publish(context, "training_mix")
     tokens = token_shares(entries)
     context.log.info("training mix: " + ", ".join(f"{e.source} {tokens[e.source]:.1%} of tokens" for e in entries))
     return dg.MaterializeResult(**versioned({
@@ -282,4 +291,5 @@ def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         "tokens_by_source": dg.MetadataValue.json({entry.source: entry.tokens for entry in entries}),
         "subflavors": dg.MetadataValue.json({entry.source: entry.subflavors for entry in entries}),
         "left_out": dg.MetadataValue.json(left_out),
+        **published,
     }, fingerprint))

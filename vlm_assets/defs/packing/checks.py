@@ -108,7 +108,9 @@ def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_confi
         if start:
             context.log.info(f"{source}: the first {plural(start, 'sample')} were kept from an index whose every "
                              "sample loaded; loading the samples after them")
-        loaded = load_all_ids(root, start)
+        loaded = load_all_ids(vlm_config.energon_location(root), start)
+        if vlm_config.app.storage_url is not None:
+            context.log.info(f"{source}: loaded from {vlm_config.energon_location(root)}")
         expected = expected[start:] if start <= len(expected) else []
         context.log.info(f"{source}: Energon loaded {plural(len(loaded), 'sample')}; the bins expect {len(expected)}")
         duplicates = sorted(key for key, count in Counter(loaded).items() if count > 1)
@@ -150,7 +152,7 @@ def training_mix_draws_match_weights(context: dg.AssetCheckExecutionContext, vlm
             return dg.AssetCheckResult(passed=False, metadata={"error": str(error)})
         draws = draws_needed(entries)
         started = time.perf_counter()
-        drawn = draw_from_metadataset(layout.metadataset, draws, DRAW_SEED)
+        drawn = draw_from_metadataset(vlm_config.energon_location(layout.metadataset), draws, DRAW_SEED)
     context.log.info(f"drew {plural(len(drawn), 'sample')} through Energon in {time.perf_counter() - started:.1f}s")
     report = judge_draws(entries, [sample.source for sample in drawn])
     sample_types = {entry.source: entry.sample_type for entry in entries}
