@@ -3,6 +3,7 @@ started here unless $VLM_ASSETS_TEST_S3_ENDPOINT names one, as `.ci/run` does)."
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -222,30 +223,49 @@ def test_lines_appended_to_a_manifest_on_object_storage_are_read_alone(demo_conf
     assert list(table.sample_id)[-1] == "clips/v7" and table.status.iloc[-1] == "ok"
 
 
-@pytest.mark.processes
-def test_the_demo_graph_with_its_jsonl_source_on_object_storage_matches_the_reference_run(
-        demo_config_path, reference_run, tmp_path, bucket):
-    from vlm_assets_tests.run_support import run, site_config, snapshot
+def _objects(bucket: str, prefix: str) -> dict[str, tuple[str, object]]:
+    return {info.url.key[len(prefix) + 1:]: (info.etag, info.mtime_ns) for info in list_objects(ObjectURL(bucket, prefix))}
 
-    demo = demo_config_path.parent
+
+@pytest.mark.processes
+def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energon_loads_it_from_there(
+        demo_config_path, reference_run, tmp_path, bucket):
+    """A jsonl source on the S3 server and `storage.root` there too, through `vlm-assets run`."""
+    from vlm_assets_tests.run_support import run, site_config
+
     video = next(source for source in load_config(demo_config_path).sources if source.kind == "jsonl")
     _upload(Path(video.media_root), bucket, "demo/media")
     client().upload_file(str(video.path), bucket, "demo/video_train.jsonl")
     config = site_config(demo_config_path, tmp_path / "site")
     raw = yaml.safe_load(config.read_text())
+    raw["storage"] = {"root": f"s3://{bucket}/outputs", "work_dir": str(tmp_path / "site/work")}
     for source in raw["sources"]:
         if source["name"] == video.name:
             source.update(path=f"s3://{bucket}/demo/video_train.jsonl", media_root=f"s3://{bucket}/demo/media")
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    home = tmp_path / "site/home"
 
-    result = run(config, tmp_path / "site/home", "--workers", "2")
+    result = run(config, home, "--workers", "2")
     assert result.returncode == 0, result.stdout[-4000:]
-    outputs = snapshot(tmp_path / "site/vlm_data")
-    # Everything the trainer reads is the reference's; the catalogue, the rejects and the frame plan
-    # name where the bytes were.
-    compared = [path for path in reference_run.outputs if path.startswith(("packed_json/", "packed_wds/", "frame_cache/"))]
-    assert any(path.startswith(f"packed_wds/{video.name}/") for path in compared)
-    differing = sorted(path for path in compared if outputs.get(path) != reference_run.outputs[path])
-    # Only the frame plan and the shards' done records differ: they record each video's media ref.
-    assert all(path.endswith(("/plan.jsonl", ".done.json")) for path in differing), differing
-    assert (demo / "video_train.jsonl").is_file()
+    published = {key: client().get_object(Bucket=bucket, Key=f"outputs/{key}")["Body"].read()
+                 for key in _objects(bucket, "outputs")}
+    # Every output the reference run wrote under its local root is an object at the same relative key.
+    expected = [path for path in reference_run.outputs if path.startswith(
+        ("catalog/", "lengths/", "packing/", "packed_json/", "packed_wds/", "frame_cache/", "packages/"))
+        and not path.endswith((".media_checks.jsonl", ".read.json"))]
+    assert sorted(published) == sorted(expected)
+    differing = sorted(key for key in expected if hashlib.sha256(published[key]).hexdigest() != reference_run.outputs[key])
+    # What names where the bytes were differs (the jsonl source's catalogue and the reasons of its
+    # rejected rows, the frame plan and its shards' done records, the package holding those);
+    # everything a trainer reads is the same.
+    assert all(key.startswith((f"catalog/{video.name}.", f"lengths/{video.name}.", f"packing/{video.name}.rejects",
+                               "packages/")) or key.endswith(("/plan.jsonl", ".done.json")) for key in differing), differing
+    assert any(key.startswith(f"packed_wds/{video.name}/.nv-meta/") for key in expected)
+    logs = "".join(path.read_text(errors="replace") for path in (home / "logs").glob("*.log"))
+    for source in raw["sources"]:
+        assert f"loaded from msc://_s3-{bucket}/outputs/packed_wds/{source['name']}" in logs
+
+    before = _objects(bucket, "outputs")
+    again = run(config, home, "--workers", "2")
+    assert again.returncode == 0 and " 0 materialisation(s)" in again.stdout, again.stdout[-2000:]
+    assert _objects(bucket, "outputs") == before  # an unchanged rerun writes no object
