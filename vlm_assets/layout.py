@@ -12,6 +12,8 @@ if TYPE_CHECKING:
 
 # The training mix's file in the packed_wds folder (and in a package's packed_wds role).
 METADATASET_NAME = "metadataset.yaml"
+# Which config file owns a storage root (vlm_assets.root_owner).
+OWNER_NAME = ".vlm_assets_owner.json"
 # The top-level folder of each kind of output, in build order.
 OUTPUT_FOLDERS = ("catalog", "lengths", "packing", "packed_json", "packed_wds", "frame_cache", "packages")
 
@@ -23,7 +25,7 @@ class StorageLayout:
     @property
     def owner(self) -> Path:
         """Which config file owns this root (vlm_assets.root_owner)."""
-        return self.root / ".vlm_assets_owner.json"
+        return self.root / OWNER_NAME
 
     def catalog(self, source: str) -> Path:
         return self.root / "catalog" / f"{source}.parquet"

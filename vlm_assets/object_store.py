@@ -144,6 +144,33 @@ def read_object(url: ObjectURL) -> bytes:
         raise OSError(f"{url}: cannot read: {error}") from error
 
 
+def read_object_if_any(url: ObjectURL) -> bytes | None:
+    """The object's bytes, or None when there is no such object."""
+    from botocore.exceptions import ClientError
+
+    REQUESTS["get"] += 1
+    try:
+        return client().get_object(Bucket=url.bucket, Key=url.key)["Body"].read()
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise OSError(f"{url}: cannot read: {error}") from error
+
+
+def create_once(url: ObjectURL, data: bytes) -> bool:
+    """Create the object unless one exists (a conditional write, If-None-Match: *); True if this call created it."""
+    from botocore.exceptions import ClientError
+
+    REQUESTS["put"] += 1
+    try:
+        client().put_object(Bucket=url.bucket, Key=url.key, Body=data, IfNoneMatch="*")
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+            return False
+        raise OSError(f"{url}: cannot create: {error}") from error
+    return True
+
+
 class _RangedObject(io.RawIOBase):
     """A seekable, read-only view of one object, each read a ranged GET (buffered by open_object)."""
 

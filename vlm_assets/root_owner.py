@@ -16,7 +16,8 @@ from pathlib import Path
 
 from vlm_assets.atomic import TEMP_SUFFIX, temp_prefix
 from vlm_assets.config import ConfigError
-from vlm_assets.layout import StorageLayout
+from vlm_assets.layout import OWNER_NAME, StorageLayout
+from vlm_assets.object_store import ObjectURL, create_once, read_object_if_any
 
 
 class StorageRootTaken(ConfigError):
@@ -37,6 +38,33 @@ def claim_storage_root(root: Path, config: Path) -> None:
             "share a root (each would overwrite the other's training mix, frame cache and packages). Give this "
             f"configuration its own storage.root, or, if {owner} has moved here or is gone, delete {owner_file}"
         )
+
+
+def claim_object_root(url: ObjectURL, config: Path) -> None:
+    """`claim_storage_root` for a storage root on object storage: the owner record is an object
+    created by a conditional write (If-None-Match), so of two first runs racing, one claims it."""
+    record = ObjectURL(url.bucket, f"{url.key}/{OWNER_NAME}" if url.key else OWNER_NAME)
+    me = str(Path(config).resolve())
+    owner = _owner_of(read_object_if_any(record), str(record))
+    if owner is None:
+        create_once(record, (json.dumps({"config": me}) + "\n").encode())
+        owner = _owner_of(read_object_if_any(record), str(record))
+    if owner != me:
+        raise StorageRootTaken(
+            f"{config}: storage.root {url} belongs to the configuration {owner}; two configurations never "
+            "share a root (each would overwrite the other's training mix, frame cache and packages). Give this "
+            f"configuration its own storage.root, or, if {owner} has moved or is gone, delete the object {record}"
+        )
+
+
+def _owner_of(data: bytes | None, name: str) -> str | None:
+    if data is None:
+        return None
+    try:
+        return str(json.loads(data)["config"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"{name}: not a storage-root owner record ({error}); delete it to let the next "
+                          "run claim the root") from error
 
 
 def _owner(owner_file: Path) -> str | None:

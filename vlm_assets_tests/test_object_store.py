@@ -26,8 +26,9 @@ from vlm_assets.defs.catalog.assets import sample_catalog, sample_lengths
 from vlm_assets.defs.packing.assets import packed_json, packed_wds_shards, packing_bins
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, HFProcessor, VlmConfig
 from vlm_assets.fingerprints import walk_source
-from vlm_assets.layout import StorageLayout
+from vlm_assets.layout import OWNER_NAME, StorageLayout
 from vlm_assets.object_store import REQUESTS, ObjectURL, client, list_objects
+from vlm_assets.root_owner import StorageRootTaken, claim_object_root
 
 ENDPOINT_ENV_VAR = "VLM_ASSETS_TEST_S3_ENDPOINT"
 
@@ -248,7 +249,7 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
     result = run(config, home, "--workers", "2")
     assert result.returncode == 0, result.stdout[-4000:]
     published = {key: client().get_object(Bucket=bucket, Key=f"outputs/{key}")["Body"].read()
-                 for key in _objects(bucket, "outputs")}
+                 for key in _objects(bucket, "outputs") if key != OWNER_NAME}
     # Every output the reference run wrote under its local root is an object at the same relative key.
     expected = [path for path in reference_run.outputs if path.startswith(
         ("catalog/", "lengths/", "packing/", "packed_json/", "packed_wds/", "frame_cache/", "packages/"))
@@ -269,3 +270,23 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
     again = run(config, home, "--workers", "2")
     assert again.returncode == 0 and " 0 materialisation(s)" in again.stdout, again.stdout[-2000:]
     assert _objects(bucket, "outputs") == before  # an unchanged rerun writes no object
+
+
+def test_a_storage_root_on_object_storage_is_built_in_a_working_copy_and_owned_by_one_config(tmp_path, bucket,
+                                                                                            monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = _config(tmp_path, "first", f"s3://{bucket}/src/train.jsonl", f"s3://{bucket}/src/media")
+    first.write_text(first.read_text().replace(f"root: {tmp_path}/first/out", f"root: s3://{bucket}/team/out"))
+    app = load_config(first)
+    assert str(app.storage_url) == f"s3://{bucket}/team/out"
+    assert app.storage_root == tmp_path / "cache/vlm-assets/s3" / bucket / "team/out"
+    claim_object_root(app.storage_url, app.path)
+    claim_object_root(app.storage_url, app.path)  # the owner again: fine
+    second = tmp_path / "second.yaml"
+    second.write_text(first.read_text())
+    with pytest.raises(StorageRootTaken, match=f"belongs to the configuration {first}"):
+        claim_object_root(load_config(second).storage_url, second)
+    local = _config(tmp_path, "local", f"s3://{bucket}/src/train.jsonl", f"s3://{bucket}/src/media")
+    local.write_text(local.read_text().replace("storage:\n", "storage:\n  work_dir: ./work\n"))
+    with pytest.raises(ConfigError, match="storage.work_dir: is for a storage.root on object storage"):
+        load_config(local)

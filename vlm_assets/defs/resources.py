@@ -18,7 +18,7 @@ from vlm_assets.packing.mix import mixable
 from vlm_assets.progress import ProgressFile
 from vlm_assets.publish import msc_url, publish, published_outputs
 from vlm_assets.locks import file_locks, process_token
-from vlm_assets.root_owner import claim_storage_root
+from vlm_assets.root_owner import claim_object_root, claim_storage_root
 
 # Materialisation metadata: the asset's fingerprint (vlm_assets.fingerprints), also its data version.
 FINGERPRINT_KEY = "fingerprint"
@@ -151,6 +151,8 @@ class VlmConfig(dg.ConfigurableResource):
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         claim_storage_root(self.app.storage_root, self.app.path)
+        if self.app.storage_url is not None:
+            claim_object_root(self.app.storage_url, self.app.path)
         run = context.run
         if run is not None and context.instance is not None and ALIVE_TAG not in run.tags:
             context.instance.add_run_tags(run.run_id, {ALIVE_TAG: str(process_token(self.app.storage_root))})

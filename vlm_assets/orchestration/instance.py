@@ -11,7 +11,7 @@ from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.defs.automation.dead_runs import fail_dead_runs
 from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
-from vlm_assets.root_owner import claim_storage_root
+from vlm_assets.root_owner import claim_object_root, claim_storage_root
 
 
 def open_instance(home: Path) -> dg.DagsterInstance:
@@ -29,6 +29,8 @@ def prepare_instance(instance: dg.DagsterInstance, app: AppConfig, echo: Callabl
     """Claim the storage root, fail the runs whose process is gone, register the sources, create the
     pool limits; the ids of the runs failed as dead."""
     claim_storage_root(app.storage_root, app.path)
+    if app.storage_url is not None:
+        claim_object_root(app.storage_url, app.path)
     process_token(app.storage_root)  # a storage root we cannot write to fails here, in one line, before any run
     dead_runs = fail_dead_runs(instance)
     for run_id in dead_runs:

@@ -45,6 +45,9 @@ def report_outcome(outcome: TaskOutcome, summary: RunSummary, echo: Callable[[st
 
 
 def print_outputs(app: AppConfig, echo: Callable[[str], None] = print) -> None:
+    if app.storage_url is not None:
+        echo(f"outputs published to {app.storage_url} (Energon: msc://_s3-{app.storage_url.bucket}/{app.storage_url.key}/packed_wds/…), "
+             "built in the working copy:")
     echo(f"outputs under {app.storage_root}:")
     for path in StorageLayout(app.storage_root).output_folders:
         if path.exists():
