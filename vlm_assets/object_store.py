@@ -215,6 +215,13 @@ def open_object(url: ObjectURL, size: int | None = None, buffer: int = READ_BUFF
 Location = Path | ObjectURL
 
 
+def location_of(value: str | os.PathLike[str] | ObjectURL) -> Location:
+    """A path or URL given by a user (`s3://…` for an object) as a Location."""
+    if isinstance(value, ObjectURL):
+        return value
+    return ObjectURL.parse(value) if isinstance(value, str) and is_object_url(value) else Path(value)
+
+
 def resolved(location: Location) -> Location:
     """A local path as its real path (symlinks resolved); an object as it is."""
     return location if isinstance(location, ObjectURL) else Path(os.path.realpath(location))

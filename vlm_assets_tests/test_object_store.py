@@ -290,3 +290,25 @@ def test_a_storage_root_on_object_storage_is_built_in_a_working_copy_and_owned_b
     local.write_text(local.read_text().replace("storage:\n", "storage:\n  work_dir: ./work\n"))
     with pytest.raises(ConfigError, match="storage.work_dir: is for a storage.root on object storage"):
         load_config(local)
+
+
+def test_a_package_on_object_storage_is_extracted_and_trained_from_its_url(tmp_path, bucket):
+    from vlm_assets.cli import main
+    from vlm_assets.package.writer import write_package
+    from vlm_assets_tests.test_package import CREATED_AT, make_dataset, make_spec
+
+    files = make_dataset(tmp_path / "data")
+    package = write_package(make_spec(tmp_path / "data", "zstd", train_command="true"), tmp_path / "run",
+                            created_at=CREATED_AT).path
+    client().upload_file(str(package), bucket, f"out/packages/{package.name}")
+    url = f"s3://{bucket}/out/packages/{package.name}"
+    gets = REQUESTS["get"]
+    assert main(["package", "extract", url, "-o", str(tmp_path / "from_store")]) == 0
+    assert main(["package", "extract", str(package), "-o", str(tmp_path / "from_disk")]) == 0
+    assert REQUESTS["get"] > gets
+    extracted = {path.relative_to(tmp_path / "from_store"): path.read_bytes()
+                 for path in (tmp_path / "from_store").rglob("*") if path.is_file()}
+    assert extracted == {path.relative_to(tmp_path / "from_disk"): path.read_bytes()
+                         for path in (tmp_path / "from_disk").rglob("*") if path.is_file()}
+    assert len(extracted) > len(files) // 2
+    assert main(["package", "train", url, "--workdir", str(tmp_path / "train")]) == 0

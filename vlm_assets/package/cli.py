@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vlm_assets.config import ConfigError, load_config
 from vlm_assets.layout import StorageLayout
+from vlm_assets.object_store import location_of, location_size
 from vlm_assets.package.compression import (
     COMPRESSIONS,
     detect_compression,
@@ -30,6 +31,7 @@ typical use:
   vlm-assets package verify run.nnpkg.zst                            # recomputes every sha256
   vlm-assets package extract run.nnpkg.zst -o DIR                    # verified; a non-empty DIR needs --force
   vlm-assets package train run.nnpkg.zst                             # verify, extract once into ./run.d, run train_command
+  vlm-assets package train s3://bucket/out/packages/run.nnpkg.zst    # the same, streamed from object storage
 """
 
 
@@ -81,9 +83,9 @@ def _pack(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    path = Path(args.package)
+    path = location_of(args.package)
     manifest = read_manifest(path)
-    print(f"package:     {path} ({_human(path.stat().st_size)}, {detect_compression(path)} on disk)")
+    print(f"package:     {path} ({_human(location_size(path))}, {detect_compression(path)} on disk)")
     print(f"name:        {manifest.name}")
     print(f"created_at:  {manifest.created_at or '(not recorded)'}")
     print(f"compress:    {manifest.compress}")
@@ -100,14 +102,14 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    manifest = read_manifest(Path(args.package))
+    manifest = read_manifest(location_of(args.package))
     for entry in manifest.files:
         print(f"{entry.size:>14}  {entry.sha256[:12]}  {entry.role:<12}  {entry.archive_path}")
     return 0
 
 
 def _extract(args: argparse.Namespace) -> int:
-    path = Path(args.package)
+    path = location_of(args.package)
     target = Path(args.output) if args.output else default_workdir(path)
     manifest = extract_package(path, target, force=args.force, log=_log)
     print(f"extracted and verified {plural(len(manifest.files), 'file')} into {target}")
@@ -115,7 +117,7 @@ def _extract(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    report = verify_package(Path(args.package), log=_log)
+    report = verify_package(location_of(args.package), log=_log)
     for problem in report.problems:
         print(f"MISMATCH {problem}")
     status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem(s))"
@@ -140,7 +142,7 @@ def _train(args: argparse.Namespace) -> int:
         options = []
     args.train_parser.parse_args([*options, args.package], namespace=args)
     code = train_from_package(
-        Path(args.package),
+        location_of(args.package),
         workdir=Path(args.workdir) if args.workdir else None,
         command=args.command,
         extra_args=extra,
@@ -203,14 +205,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("verify", _verify, "recompute every checksum; names each mismatching, missing or unexpected file (exit 1)"),
     ):
         sub = commands.add_parser(name, help=text, description=text)
-        sub.add_argument("package", help="package file (.nnpkg or .nnpkg.zst)")
+        sub.add_argument("package", help="package file (.nnpkg or .nnpkg.zst), or its s3:// URL")
         sub.set_defaults(func=_guarded(handler))
 
     extract = commands.add_parser(
         "extract",
         help="verify and safely extract (refuses absolute paths, '..', links, devices, unlisted members)",
     )
-    extract.add_argument("package")
+    extract.add_argument("package", help="package file, or its s3:// URL (streamed, never downloaded whole)")
     extract.add_argument(
         "-o", "--output", help="target folder (default: ./NAME.d in the current directory, NAME being the package file's "
         "name less .nnpkg or .nnpkg.zst; refused inside a storage root)",
@@ -238,7 +240,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     train.add_argument("--command", help="override the package's train_command")
     train.add_argument("--rehash", action="store_true", help="when reusing the workdir, re-check every extracted file's sha256")
-    train.add_argument("package", help="package file")
+    train.add_argument("package", help="package file, or its s3:// URL")
     train.add_argument(
         "extra", nargs=argparse.REMAINDER, metavar="ARG", help="after `--`: appended to the training command"
     )

@@ -20,6 +20,7 @@ from typing import BinaryIO
 import zstandard
 
 from vlm_assets.config import COMPRESSIONS
+from vlm_assets.object_store import Location, open_location
 from vlm_assets.package.manifest import PackageError
 
 GZIP, ZSTD = COMPRESSIONS  # "gzip", "zstd": the values `package.compress` and a recipe's `compress` take
@@ -39,10 +40,10 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def detect_compression(path: Path) -> str:
-    """Return 'gzip' or 'zstd' from the file's first bytes."""
+def detect_compression(path: Location) -> str:
+    """Return 'gzip' or 'zstd' from the file's (or object's) first bytes."""
     try:
-        with open(path, "rb") as handle:
+        with open_location(path) as handle:
             head = handle.read(4)
     except OSError as error:
         raise PackageError(f"{path}: cannot open package: {error.strerror or error}") from error
@@ -224,9 +225,9 @@ class DecompressedStream:
 
 
 @contextlib.contextmanager
-def open_decompressed(path: Path) -> Iterator[DecompressedStream]:
+def open_decompressed(path: Location) -> Iterator[DecompressedStream]:
     compress = detect_compression(path)
-    with open(path, "rb") as raw:
+    with open_location(path) as raw:
         yield DecompressedStream(path, raw, compress)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlm_assets.object_store import ObjectURL, location_of
 from vlm_assets.package.compression import DecompressedStream, open_decompressed
 from vlm_assets.package.manifest import (
     MANIFEST_NAME,
@@ -94,8 +95,9 @@ def _open_tar_stream(path: Path, stream: DecompressedStream) -> tarfile.TarFile:
 
 
 @contextlib.contextmanager
-def open_package(path: str | os.PathLike[str]) -> Iterator[PackageStream]:
-    path = Path(path)
+def open_package(path: str | os.PathLike[str] | ObjectURL) -> Iterator[PackageStream]:
+    """The package at a path, or at an `s3://` URL (streamed with ranged reads, never downloaded whole)."""
+    path = location_of(path)
     with open_decompressed(path) as stream, _open_tar_stream(path, stream) as tar:
         try:
             first = tar.next()
@@ -175,7 +177,7 @@ def verify_package(path: str | os.PathLike[str], *, log: Log | None = None) -> V
         problems += _missing_problems(expected, seen)
         package.finish()
     log(f"verified {plural(checked_files, 'file')} ({checked_bytes / 1e6:.1f} MB): {len(problems)} problem(s)")
-    return VerifyReport(Path(path), package.manifest, checked_files, checked_bytes, tuple(problems))
+    return VerifyReport(location_of(path), package.manifest, checked_files, checked_bytes, tuple(problems))
 
 
 class _Extraction:
@@ -312,7 +314,7 @@ def extract_package(
     extraction = _Extraction()
     try:
         root = extraction.open_target(Path(target), force)
-        manifest = _stage_members(Path(path), root, extraction, log)
+        manifest = _stage_members(location_of(path), root, extraction, log)
         extraction.commit()
     except BaseException:
         extraction.discard()
