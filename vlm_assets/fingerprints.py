@@ -123,8 +123,9 @@ def _walk_object_source(source: SourceConfig) -> SourceFiles:
     snapshot: Snapshot = (0, 0, 0)
     roots = sorted({source.path, source.media_root, *source.allowed_roots}, key=str)
     for root in roots:
+        # A manifest is one object; a folder of shards, a media root, an allowed root: objects below a prefix.
         info = head(root) if root == source.path else None
-        objects = [info] if info is not None else list_objects(root) if root != source.path else []
+        objects = [info] if info is not None else list_objects(root)
         files = size = newest = 0
         for item in objects:
             hasher.update(f"{item.url}\0{item.size}\0{item.etag}\0{item.mtime_ns}\n".encode())

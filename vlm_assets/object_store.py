@@ -12,6 +12,7 @@ import io
 import os
 import posixpath
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -101,8 +102,26 @@ def client() -> Any:
     return _local.client
 
 
-def head(url: ObjectURL) -> ObjectInfo | None:
-    """The object's size, ETag and modification time, or None when there is no such object."""
+# The answers of this process's latest HEAD requests: a step that resolves a medium and then
+# fingerprints it asks twice within moments, and one request is enough.
+_recent_heads: dict[ObjectURL, tuple[float, ObjectInfo | None]] = {}
+RECENT_HEADS = 4096
+
+
+def head(url: ObjectURL, max_age: float = 0.0) -> ObjectInfo | None:
+    """The object's size, ETag and modification time, or None when there is no such object.
+    `max_age`: seconds an answer this process got before may be old instead of asking again."""
+    recent = _recent_heads.get(url)
+    if max_age and recent is not None and time.monotonic() - recent[0] <= max_age:
+        return recent[1]
+    info = _head(url)
+    if len(_recent_heads) >= RECENT_HEADS:
+        _recent_heads.pop(next(iter(_recent_heads)))
+    _recent_heads[url] = (time.monotonic(), info)
+    return info
+
+
+def _head(url: ObjectURL) -> ObjectInfo | None:
     from botocore.exceptions import ClientError
 
     REQUESTS["head"] += 1
@@ -128,6 +147,8 @@ def list_objects(prefix: ObjectURL) -> Iterator[ObjectInfo]:
 
 
 def read_range(url: ObjectURL, start: int, size: int) -> bytes:
+    if size <= 0:
+        return b""
     REQUESTS["get"] += 1
     try:
         reply = client().get_object(Bucket=url.bucket, Key=url.key, Range=f"bytes={start}-{start + size - 1}")
@@ -237,16 +258,23 @@ def location_size(location: Location) -> int:
     return os.stat(location).st_size
 
 
+def exists(location: Location) -> bool:
+    """A file or folder; an object, or a prefix with objects below it."""
+    if isinstance(location, ObjectURL):
+        return head(location) is not None or next(iter(list_objects(location)), None) is not None
+    return os.path.exists(location)
+
+
 def is_file(location: Location) -> bool:
     if isinstance(location, ObjectURL):
         return head(location) is not None
     return os.path.isfile(location)
 
 
-def open_location(location: Location) -> BinaryIO:
-    """A seekable binary reader of the file or object."""
+def open_location(location: Location, buffer: int = READ_BUFFER) -> BinaryIO:
+    """A seekable binary reader of the file or object (an object read `buffer` bytes per request)."""
     if isinstance(location, ObjectURL):
-        return open_object(location)
+        return open_object(location, buffer=buffer)
     return open(resolved(location), "rb")
 
 

@@ -111,9 +111,10 @@ def test_a_listing_is_paged(bucket):
     assert REQUESTS["list"] - before == 2  # 1,000 keys per page
 
 
-def _config(tmp_path: Path, name: str, path: str, media_root: str, **extra) -> Path:
+def _config(tmp_path: Path, name: str, path: str, media_root: str | None, kind: str = "jsonl", **extra) -> Path:
+    source = {"name": "clips", "kind": kind, "path": path, **({"media_root": media_root} if media_root else {}), **extra}
     config = {"storage": {"root": str(tmp_path / name / "out")}, "inbox": str(tmp_path / name / "inbox"),
-              "sources": [{"name": "clips", "kind": "jsonl", "path": path, "media_root": media_root, **extra}],
+              "sources": [source],
               "sample": {"max_token_len": 8192}, "packing": {"min_fill_ratio": 0.2}, "wds": {"maxcount": 4}}
     target = tmp_path / name / "vlm_assets.yaml"
     target.parent.mkdir(parents=True)
@@ -174,6 +175,24 @@ def test_a_jsonl_source_on_object_storage_packs_as_the_same_source_on_disk(demo_
         assert not any(secret in str(event) for secret in secrets)
 
 
+def test_a_wds_source_on_object_storage_is_read_in_place_and_packs_as_on_disk(demo_config_path, tmp_path, bucket):
+    shards = demo_config_path.parent / "wds"
+    _upload(shards, bucket, "shards")
+    _build_packed_shards(_config(tmp_path, "disk", str(shards), None, kind="wds"))
+    gets = REQUESTS["get"]
+    _build_packed_shards(_config(tmp_path, "store", f"s3://{bucket}/shards", None, kind="wds"))
+    assert REQUESTS["get"] > gets
+    disk, store = StorageLayout(tmp_path / "disk/out"), StorageLayout(tmp_path / "store/out")
+    assert store.packed_json("clips").read_bytes() == disk.packed_json("clips").read_bytes()
+    disk_shards = sorted(disk.packed_wds("clips").glob("*.tar"))
+    assert disk_shards and [path.read_bytes() for path in disk_shards] == [
+        (store.packed_wds("clips") / path.name).read_bytes() for path in disk_shards]
+    catalog = pd.read_parquet(store.catalog("clips"))
+    refs = [ref for refs in catalog.media_refs for ref in refs]
+    assert refs and all(ref.startswith("tar:") and f":s3://{bucket}/shards/" in ref for ref in refs)
+    assert (catalog.status == "rejected").sum() == (pd.read_parquet(disk.catalog("clips")).status == "rejected").sum()
+
+
 def test_an_unchanged_source_on_object_storage_is_listed_not_read_and_an_edit_changes_its_digest(tmp_path, bucket):
     for index in range(3):
         client().put_object(Bucket=bucket, Key=f"src/media/{index}.jpg", Body=b"x" * index)
@@ -190,7 +209,7 @@ def test_an_unchanged_source_on_object_storage_is_listed_not_read_and_an_edit_ch
 def test_object_storage_settings_are_checked_on_load(tmp_path):
     with pytest.raises(ConfigError, match=r"sources\[0\]\.media_root: .*must all be on object storage"):
         load_config(_config(tmp_path, "mixed", "s3://data/train.jsonl", str(tmp_path)))
-    with pytest.raises(ConfigError, match=r"sources\[0\]\.path: a flat_dir source cannot be read from object storage"):
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.path: a flat_dir source cannot be read from object storage yet; jsonl and wds"):
         config = _config(tmp_path, "flat", "s3://data/folder", "s3://data/folder")
         config.write_text(config.read_text().replace("kind: jsonl", "kind: flat_dir"))
         load_config(config)
@@ -231,18 +250,23 @@ def _objects(bucket: str, prefix: str) -> dict[str, tuple[str, object]]:
 @pytest.mark.processes
 def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energon_loads_it_from_there(
         demo_config_path, reference_run, tmp_path, bucket):
-    """A jsonl source on the S3 server and `storage.root` there too, through `vlm-assets run`."""
+    """The jsonl and wds sources on the S3 server and `storage.root` there too, through `vlm-assets run`."""
     from vlm_assets_tests.run_support import run, site_config
 
-    video = next(source for source in load_config(demo_config_path).sources if source.kind == "jsonl")
+    sources = load_config(demo_config_path).sources
+    video = next(source for source in sources if source.kind == "jsonl")
+    shards = next(source for source in sources if source.kind == "wds")
     _upload(Path(video.media_root), bucket, "demo/media")
     client().upload_file(str(video.path), bucket, "demo/video_train.jsonl")
+    _upload(Path(shards.path), bucket, "demo/wds")
     config = site_config(demo_config_path, tmp_path / "site")
     raw = yaml.safe_load(config.read_text())
     raw["storage"] = {"root": f"s3://{bucket}/outputs", "work_dir": str(tmp_path / "site/work")}
     for source in raw["sources"]:
         if source["name"] == video.name:
             source.update(path=f"s3://{bucket}/demo/video_train.jsonl", media_root=f"s3://{bucket}/demo/media")
+        if source["name"] == shards.name:
+            source.update(path=f"s3://{bucket}/demo/wds", media_root=f"s3://{bucket}/demo/wds")
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     home = tmp_path / "site/home"
 
@@ -256,11 +280,13 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
         and not path.endswith((".media_checks.jsonl", ".read.json"))]
     assert sorted(published) == sorted(expected)
     differing = sorted(key for key in expected if hashlib.sha256(published[key]).hexdigest() != reference_run.outputs[key])
-    # What names where the bytes were differs (the jsonl source's catalogue and the reasons of its
+    # What names where the bytes were differs (the sources' catalogues and the reasons of their
     # rejected rows, the frame plan and its shards' done records, the package holding those);
     # everything a trainer reads is the same.
-    assert all(key.startswith((f"catalog/{video.name}.", f"lengths/{video.name}.", f"packing/{video.name}.rejects",
-                               "packages/")) or key.endswith(("/plan.jsonl", ".done.json")) for key in differing), differing
+    named = tuple(f"{folder}/{name}." for name in (video.name, shards.name) for folder in ("catalog", "lengths"))
+    named += tuple(f"packing/{name}.rejects" for name in (video.name, shards.name))
+    assert all(key.startswith((*named, "packages/")) or key.endswith(("/plan.jsonl", ".done.json"))
+               for key in differing), differing
     assert any(key.startswith(f"packed_wds/{video.name}/.nv-meta/") for key in expected)
     logs = "".join(path.read_text(errors="replace") for path in (home / "logs").glob("*.log"))
     for source in raw["sources"]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from vlm_assets.catalog.images import ImageTooLarge, opened_image
-from vlm_assets.catalog.media import kind_from_name, open_media, sniff_extension
+from vlm_assets.catalog.media import kind_from_name, read_media_head, sniff_extension
 from vlm_assets.catalog.media_checks import MediaCheckLog, media_fingerprint
 from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
@@ -126,8 +126,7 @@ def _kind_of(item: MediaItem, resolved: ResolvedMedia) -> str:
     kind = kind_from_name(resolved.name)
     if kind:
         return kind
-    with open_media(resolved.ref) as handle:
-        sniffed = sniff_extension(handle.read(64))
+    sniffed = sniff_extension(read_media_head(resolved.ref, 64))
     kind = kind_from_name(f"x.{sniffed}") if sniffed else None
     if kind is None:
         raise SampleError(f"cannot tell whether media {resolved.name!r} is an image or a video")

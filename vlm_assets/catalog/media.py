@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-from vlm_assets.object_store import URL_SCHEME, ObjectURL, head, read_object
+from vlm_assets.object_store import URL_SCHEME, ObjectURL, head, read_object, read_range
 
 TAR_PREFIX = "tar:"
 
@@ -21,8 +21,9 @@ IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif",
 VIDEO_EXTENSIONS = frozenset({"mp4", "avi", "mkv", "mov", "webm", "m4v", "mpg", "mpeg", "flv", "ts", "3gp"})
 
 
-def tar_member_ref(tar_path: Path, offset: int, size: int) -> str:
-    return f"{TAR_PREFIX}{offset}:{size}:{tar_path.resolve()}"
+def tar_member_ref(tar_path: Path | ObjectURL, offset: int, size: int) -> str:
+    where = tar_path if isinstance(tar_path, ObjectURL) else tar_path.resolve()
+    return f"{TAR_PREFIX}{offset}:{size}:{where}"
 
 
 def is_tar_ref(ref: str) -> bool:
@@ -39,11 +40,15 @@ def tar_member_path(ref: str) -> str:
     return _parse_tar_ref(ref)[2]
 
 
-def read_tar_member(tar_path: str | os.PathLike[str], offset: int, size: int) -> bytes:
-    """One tar member's data, read in place: `size` bytes at `offset` (OSError when the tar is cut short)."""
-    with open(tar_path, "rb") as handle:
-        handle.seek(offset)
-        data = handle.read(size)
+def read_tar_member(tar_path: str | os.PathLike[str] | ObjectURL, offset: int, size: int) -> bytes:
+    """One tar member's data, read in place: `size` bytes at `offset` (OSError when the tar is cut short);
+    of a tar on object storage, by one ranged GET."""
+    if isinstance(tar_path, ObjectURL) or is_object_ref(str(tar_path)):
+        data = read_range(tar_path if isinstance(tar_path, ObjectURL) else ObjectURL.parse(str(tar_path)), offset, size)
+    else:
+        with open(tar_path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read(size)
     if len(data) != size:
         raise OSError(f"{tar_path}: tar member at offset {offset} is truncated ({len(data)} of {size} bytes)")
     return data
@@ -67,6 +72,17 @@ def open_media(ref: str) -> BinaryIO:
     if is_tar_ref(ref) or is_object_ref(ref):
         return io.BytesIO(read_media_bytes(ref))
     return open(ref, "rb")
+
+
+def read_media_head(ref: str, size: int) -> bytes:
+    """The media's first `size` bytes (of an object: one ranged GET, not the whole object)."""
+    if is_object_ref(ref):
+        return read_range(ObjectURL.parse(ref), 0, size)
+    if is_tar_ref(ref):
+        offset, member_size, path = _parse_tar_ref(ref)
+        return read_tar_member(path, offset, min(size, member_size))
+    with open(ref, "rb") as handle:
+        return handle.read(size)
 
 
 def media_size(ref: str) -> int:
@@ -118,9 +134,7 @@ def sniff_extension(head: bytes) -> str | None:
 
 def media_extension(ref: str, name: str) -> str:
     """Extension for a media file: from its content, else from its name, else 'bin'."""
-    with open_media(ref) as handle:
-        head = handle.read(64)
-    sniffed = sniff_extension(head)
+    sniffed = sniff_extension(read_media_head(ref, 64))
     if sniffed:
         return sniffed
     # os.path, not pathlib: a source's reader asks this for every string of every record.

@@ -21,6 +21,9 @@ from vlm_assets.catalog.media import is_object_ref, is_tar_ref, tar_member_path
 from vlm_assets.object_store import ObjectURL, head
 
 
+RESOLVED_RECENTLY_S = 30.0
+
+
 def media_fingerprint(ref: str, check: str) -> str:
     """Size and modification time of the file holding the media (of an object: its size and ETag),
     plus what the check proved.
@@ -31,12 +34,14 @@ def media_fingerprint(ref: str, check: str) -> str:
 
 
 def _identity(ref: str) -> str:
-    if is_object_ref(ref):
-        info = head(ObjectURL.parse(ref))
+    file = tar_member_path(ref) if is_tar_ref(ref) else ref
+    if is_object_ref(file):
+        # Asked right after the medium was resolved (one HEAD proves it exists): that answer will do.
+        info = head(ObjectURL.parse(file), max_age=RESOLVED_RECENTLY_S)
         if info is None:
             raise FileNotFoundError(f"{ref} does not exist")
         return f"{info.size}:{info.etag}"
-    stat = os.stat(tar_member_path(ref) if is_tar_ref(ref) else ref)
+    stat = os.stat(file)
     return f"{stat.st_size}:{stat.st_mtime_ns}"
 
 
@@ -75,7 +80,7 @@ class MediaCheckLog:
         """Every remembered pass whose file is unchanged counts as used by this build (its rows are
         kept, not checked again); returns the first whose file changed or vanished, or ""."""
         for ref, fingerprint in self._passed.items():
-            if is_object_ref(ref):
+            if is_object_ref(ref) or (is_tar_ref(ref) and is_object_ref(tar_member_path(ref))):
                 try:
                     identity = _identity(ref)
                 except OSError:

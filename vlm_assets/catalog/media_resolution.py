@@ -246,7 +246,7 @@ class TarSample:
 class TarSampleResolver:
     """Resolves names among the members of one WebDataset sample inside a tar (never outside it)."""
 
-    def __init__(self, source: str, tar_path: Path, shard_key: str, sample: TarSample) -> None:
+    def __init__(self, source: str, tar_path: Path | ObjectURL, shard_key: str, sample: TarSample) -> None:
         self.source = source
         self.tar_path = tar_path
         self.shard_key = shard_key

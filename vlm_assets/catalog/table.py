@@ -32,7 +32,7 @@ from vlm_assets.catalog.readers.flat_dir import FolderListing
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK
 from vlm_assets.config import SourceConfig
 from vlm_assets.fingerprints import Snapshot, source_snapshot
-from vlm_assets.object_store import is_file
+from vlm_assets.object_store import exists
 from vlm_assets.wording import shortened
 
 LIST_COLUMNS = ("media_files", "media_kinds", "media_refs", "media_keys")
@@ -83,8 +83,6 @@ class SourceChangedError(RuntimeError):
     """The source's files changed (or vanished) while its catalogue was being read: no catalogue is published."""
 
 
-def _exists(source: SourceConfig) -> bool:
-    return is_file(source.path) if source.on_object_store else source.path.exists()
 
 
 def write_catalog(
@@ -112,7 +110,7 @@ def write_catalog(
     this call; otherwise it is walked here.
     """
     summary = CatalogSummary()
-    if not _exists(source):
+    if not exists(source.path):
         raise SourceChangedError(f"source {source.name!r}: {source.path} does not exist (any more)")
     if before is None:
         before = source_snapshot(source, excluded)
@@ -143,7 +141,7 @@ def write_catalog(
             elif part is not None:
                 mark = folder_mark_of(part, summary.samples, settings, FileMark.of(tmp).sha256)
             # Rows read from a source that moved under us would be a partial catalogue that looks complete.
-            after = source_snapshot(source, excluded) if _exists(source) else None
+            after = source_snapshot(source, excluded) if exists(source.path) else None
             if after != before:
                 state = "vanished" if after is None else f"changed ({before[0]} files, {before[1]} bytes before; {after[0]}, {after[1]} after)"
                 raise SourceChangedError(

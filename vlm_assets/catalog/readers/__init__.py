@@ -17,11 +17,11 @@ from vlm_assets.catalog.readers.raw_record import RawRecord
 from vlm_assets.catalog.readers.wds import read_wds
 from vlm_assets.catalog.records import RecordLimits
 from vlm_assets.config import SourceConfig
-from vlm_assets.object_store import is_file
+from vlm_assets.object_store import exists
 
 
 def read_source(source: SourceConfig) -> Iterator[RawRecord]:
-    if not (is_file(source.path) if source.on_object_store else source.path.exists()):
+    if not exists(source.path):
         raise FileNotFoundError(f"source {source.name!r}: {source.path} does not exist")
     readers = {"flat_dir": read_flat_dir, "jsonl": read_jsonl, "wds": read_wds}
     yield from readers[source.kind](source, SourceScope(source), RecordLimits.of(source))

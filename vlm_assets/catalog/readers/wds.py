@@ -9,21 +9,30 @@ from pathlib import Path
 from vlm_assets.catalog.media import read_tar_member
 from vlm_assets.catalog.media_resolution import (
     FileResolver,
+    MediaResolver,
     SourceScope,
     TarSample,
     TarSampleResolver,
     member_extension,
     real_path,
+    resolver_for,
 )
 from vlm_assets.catalog.readers.raw_record import RawRecord
 from vlm_assets.catalog.readers.source_walk import SourceWalk, WalkEntry
 from vlm_assets.catalog.records import RecordLimits, parse_bytes
 from vlm_assets.config import SourceConfig
+from vlm_assets.object_store import Location, ObjectURL, head, list_objects, location_size, open_location
 
 TEXT_MEMBER_EXTENSIONS = ("txt", "caption")
+# Reading a shard's member list seeks from header to header: a read buffer this size holds the
+# headers of many small members per request, and costs a big member's header one request.
+TAR_READ_BUFFER = 256 << 10
 
 
 def read_wds(source: SourceConfig, scope: SourceScope, limits: RecordLimits) -> Iterator[RawRecord]:
+    if isinstance(source.path, ObjectURL):
+        yield from _read_object_wds(source, source.path, scope, limits)
+        return
     root = real_path(source.path)
     if root.is_file():
         shards = [WalkEntry(root, root)]
@@ -43,11 +52,27 @@ def read_wds(source: SourceConfig, scope: SourceScope, limits: RecordLimits) -> 
             yield from _read_tar_samples(source, shard.real, shard_key, limits, resolver)
 
 
+def _read_object_wds(source: SourceConfig, root: ObjectURL, scope: SourceScope, limits: RecordLimits) -> Iterator[RawRecord]:
+    """A `wds` source on object storage: one shard object, or every shard below a prefix, listed a page at a time."""
+    single = head(root)
+    shards = [single] if single is not None else (info for info in list_objects(root) if _is_shard(info.url.name))
+    resolver = resolver_for(source.name, scope)
+    for shard in shards:
+        shard_key = shard.url.name if single is not None else root.relative(shard.url)
+        if any(part.startswith(".") for part in shard_key.split("/")):
+            continue  # hidden, as on disk
+        if not shard.url.name.endswith(".tar"):
+            yield RawRecord(f"{source.name}/{shard_key}", str(shard.url), None, resolver,
+                            f"compressed shard {shard.url} cannot be read in place; store shards as plain .tar")
+        else:
+            yield from _read_tar_samples(source, shard.url, shard_key, limits, resolver)
+
+
 def _is_shard(name: str) -> bool:
     return name.endswith((".tar", ".tgz", ".tar.gz"))
 
 
-def _tar_samples(shard: Path) -> tuple[list[TarSample], str]:
+def _tar_samples(shard: Location) -> tuple[list[TarSample], str]:
     """The shard's samples in member order, and why reading stopped early ("" when it did not).
 
     Members group by directory + basename up to the first "."; a member name seen again in a key's
@@ -56,7 +81,7 @@ def _tar_samples(shard: Path) -> tuple[list[TarSample], str]:
     samples: list[TarSample] = []
     latest: dict[str, TarSample] = {}
     try:
-        with tarfile.open(shard, "r:") as archive:
+        with open_location(shard, TAR_READ_BUFFER) as handle, tarfile.open(fileobj=handle, mode="r:") as archive:
             for member in archive:
                 if member.isdir():
                     continue
@@ -77,12 +102,12 @@ def _tar_samples(shard: Path) -> tuple[list[TarSample], str]:
         return samples, f"unreadable tar shard {shard}: {error}"
 
 
-def _unread_tail(shard: Path, end: int) -> str:
+def _unread_tail(shard: Location, end: int) -> str:
     """Why the shard holds more than tarfile read (it stops quietly at a cut header), or ""."""
-    size = shard.stat().st_size
+    size = location_size(shard)
     if end > size:
         return f"unreadable tar shard {shard}: truncated (its members run to byte {end}, the file has {size})"
-    with open(shard, "rb") as handle:
+    with open_location(shard) as handle:
         handle.seek(end)
         while chunk := handle.read(1 << 20):
             if chunk.strip(b"\0"):
@@ -100,7 +125,7 @@ def _member_kind(member: tarfile.TarInfo) -> str:
 
 
 def _read_tar_samples(
-    source: SourceConfig, shard: Path, shard_key: str, limits: RecordLimits, shard_resolver: FileResolver
+    source: SourceConfig, shard: Location, shard_key: str, limits: RecordLimits, shard_resolver: MediaResolver
 ) -> Iterator[RawRecord]:
     samples, stopped = _tar_samples(shard)
     for sample in samples:
