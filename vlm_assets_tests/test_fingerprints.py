@@ -27,8 +27,13 @@ GLOBAL_ASSETS = ["video_frame_plan", "frame_cache_index", "training_mix", "train
 SHARD = "part-00000"
 
 # A changed value for every key (several keys where the loader needs them to change together).
+# What a key is changed from, where the base config cannot have it.
+BASES: dict[str, dict[str, Any]] = {
+    "storage.work_dir": {"storage.root": "s3://vlm-bucket/out", "storage.work_dir": "work"},
+}
 CHANGES: dict[str, dict[str, Any]] = {
     "storage.root": {"storage.root": "other_root"},
+    "storage.work_dir": {"storage.work_dir": "other_work"},
     "inbox": {"inbox": "other_inbox"},
     "inbox_require_ready_marker": {"inbox_require_ready_marker": True},
     "sources[].name": {"sources[].name": "renamed"},
@@ -164,8 +169,9 @@ def test_every_config_key_has_a_row_in_the_docs(tmp_path):
 @pytest.mark.parametrize("key", sorted(CHANGES))
 def test_changing_a_setting_changes_exactly_the_fingerprints_of_its_readers(site, key):
     readers = documented_readers()
-    base = fingerprints(site, {})
-    changed = fingerprints(site, CHANGES[key])
+    setting = BASES.get(key, {})
+    base = fingerprints(site, setting)
+    changed = fingerprints(site, {**setting, **CHANGES[key]})
     expected = set().union(*(readers[name] for name in CHANGES[key]))
     assert {asset for asset in base if changed[asset] != base[asset]} == expected
 
