@@ -250,8 +250,9 @@ def _objects(bucket: str, prefix: str) -> dict[str, tuple[str, object]]:
 @pytest.mark.processes
 def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energon_loads_it_from_there(
         demo_config_path, reference_run, tmp_path, bucket):
-    """The jsonl and wds sources on the S3 server and `storage.root` there too, through `vlm-assets run`."""
-    from vlm_assets_tests.run_support import run, site_config
+    """The jsonl and wds sources on the S3 server and `storage.root` there too, through two concurrent
+    `vlm-assets run`s (two Dagster instances, one working copy)."""
+    from vlm_assets_tests.run_support import run, site_config, start_run
 
     sources = load_config(demo_config_path).sources
     video = next(source for source in sources if source.kind == "jsonl")
@@ -270,8 +271,10 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     home = tmp_path / "site/home"
 
-    result = run(config, home, "--workers", "2")
-    assert result.returncode == 0, result.stdout[-4000:]
+    processes = [start_run(config, each, "--workers", "1") for each in (home, tmp_path / "site/home2")]
+    for process in processes:
+        output = process.communicate(timeout=900)[0]
+        assert process.returncode == 0, output[-4000:]
     published = {key: client().get_object(Bucket=bucket, Key=f"outputs/{key}")["Body"].read()
                  for key in _objects(bucket, "outputs") if key != OWNER_NAME}
     # Every output the reference run wrote under its local root is an object at the same relative key.
@@ -288,7 +291,8 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
     assert all(key.startswith((*named, "packages/")) or key.endswith(("/plan.jsonl", ".done.json"))
                for key in differing), differing
     assert any(key.startswith(f"packed_wds/{video.name}/.nv-meta/") for key in expected)
-    logs = "".join(path.read_text(errors="replace") for path in (home / "logs").glob("*.log"))
+    logs = "".join(path.read_text(errors="replace") for folder in ("home", "home2")
+                   for path in (tmp_path / "site" / folder / "logs").glob("*.log"))
     for source in raw["sources"]:
         assert f"loaded from msc://_s3-{bucket}/outputs/packed_wds/{source['name']}" in logs
 
