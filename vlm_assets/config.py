@@ -501,9 +501,6 @@ def _object_url(reader: _Reader, raw: str, key: str) -> ObjectURL:
 
 def _check_object_store_source(reader: _Reader, source: SourceConfig, key: str) -> None:
     on_store = source.on_object_store
-    if on_store and source.kind == "flat_dir":
-        raise reader.fail(f"{key}.path", "a flat_dir source cannot be read from object storage yet; jsonl and wds "
-                          "sources can (copy the folder to a local disk meanwhile)")
     for name, location in [("media_root", source.media_root), *(("allowed_roots", root) for root in source.allowed_roots)]:
         if on_store != isinstance(location, ObjectURL):
             raise reader.fail(f"{key}.{name}", "a source's path, media_root and allowed_roots must all be on object "

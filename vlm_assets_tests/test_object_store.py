@@ -169,7 +169,7 @@ def test_a_jsonl_source_on_object_storage_packs_as_the_same_source_on_disk(demo_
     for index in range(4):
         assert "escapes the source" in reasons[f"clips/hostile-{index}"] or "absolute path" in reasons[f"clips/hostile-{index}"]
     assert "outside" in reasons["clips/hostile-0"] and f"s3://{bucket}/vlm/clips/media" in reasons["clips/hostile-0"]
-    assert "missing media" in reasons["clips/v5"] and f"s3://{bucket}/vlm/clips/media/clips/missing.mp4" in reasons["clips/v5"]
+    assert f"missing media: 'clips/missing.mp4' not found (looked in s3://{bucket}/vlm/clips/media)" in reasons["clips/v5"]
     secrets = {os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]}
     for event in result.all_events:
         assert not any(secret in str(event) for secret in secrets)
@@ -193,6 +193,28 @@ def test_a_wds_source_on_object_storage_is_read_in_place_and_packs_as_on_disk(de
     assert (catalog.status == "rejected").sum() == (pd.read_parquet(disk.catalog("clips")).status == "rejected").sum()
 
 
+def test_a_flat_dir_source_on_object_storage_packs_as_on_disk_and_its_records_stay_below_its_prefix(
+        demo_config_path, tmp_path, bucket):
+    folder = tmp_path / "flat"
+    shutil.copytree(demo_config_path.parent / "flat", folder)
+    ask = [{"role": "user", "content": "<image>What is this?"}, {"role": "assistant", "content": "A still."}]
+    (folder / "zz_escape.json").write_text(json.dumps({"messages": ask, "images": ["../secret/key.jpg"]}))
+    _upload(folder, bucket, "data/flat")
+    client().put_object(Bucket=bucket, Key="data/secret/key.jpg", Body=b"not to be read")
+    _build_packed_shards(_config(tmp_path, "disk", str(folder), None, kind="flat_dir"))
+    _build_packed_shards(_config(tmp_path, "store", f"s3://{bucket}/data/flat", None, kind="flat_dir"))
+    disk, store = StorageLayout(tmp_path / "disk/out"), StorageLayout(tmp_path / "store/out")
+    assert store.packed_json("clips").read_bytes() == disk.packed_json("clips").read_bytes()
+    disk_shards = sorted(disk.packed_wds("clips").glob("*.tar"))
+    assert disk_shards and [path.read_bytes() for path in disk_shards] == [
+        (store.packed_wds("clips") / path.name).read_bytes() for path in disk_shards]
+    on_disk = pd.read_parquet(disk.catalog("clips")).set_index("sample_id")
+    on_store = pd.read_parquet(store.catalog("clips")).set_index("sample_id")
+    assert list(on_store.index) == list(on_disk.index) and list(on_store.status) == list(on_disk.status)
+    reason = on_store.reason["clips/zz_escape.json"]
+    assert "escapes the source" in reason and f"s3://{bucket}/data/secret/key.jpg" in reason
+
+
 def test_an_unchanged_source_on_object_storage_is_listed_not_read_and_an_edit_changes_its_digest(tmp_path, bucket):
     for index in range(3):
         client().put_object(Bucket=bucket, Key=f"src/media/{index}.jpg", Body=b"x" * index)
@@ -209,10 +231,6 @@ def test_an_unchanged_source_on_object_storage_is_listed_not_read_and_an_edit_ch
 def test_object_storage_settings_are_checked_on_load(tmp_path):
     with pytest.raises(ConfigError, match=r"sources\[0\]\.media_root: .*must all be on object storage"):
         load_config(_config(tmp_path, "mixed", "s3://data/train.jsonl", str(tmp_path)))
-    with pytest.raises(ConfigError, match=r"sources\[0\]\.path: a flat_dir source cannot be read from object storage yet; jsonl and wds"):
-        config = _config(tmp_path, "flat", "s3://data/folder", "s3://data/folder")
-        config.write_text(config.read_text().replace("kind: jsonl", "kind: flat_dir"))
-        load_config(config)
     with pytest.raises(ConfigError, match="credentials"):
         load_config(_config(tmp_path, "secret", "s3://key:secret@data/train.jsonl", "s3://key:secret@data/media"))
 
@@ -250,13 +268,15 @@ def _objects(bucket: str, prefix: str) -> dict[str, tuple[str, object]]:
 @pytest.mark.processes
 def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energon_loads_it_from_there(
         demo_config_path, reference_run, tmp_path, bucket):
-    """The jsonl and wds sources on the S3 server and `storage.root` there too, through two concurrent
+    """Every source (jsonl, wds and flat_dir) on the S3 server and `storage.root` there too, through two concurrent
     `vlm-assets run`s (two Dagster instances, one working copy)."""
     from vlm_assets_tests.run_support import run, site_config, start_run
 
     sources = load_config(demo_config_path).sources
     video = next(source for source in sources if source.kind == "jsonl")
     shards = next(source for source in sources if source.kind == "wds")
+    folder = next(source for source in sources if source.kind == "flat_dir")
+    _upload(Path(folder.path), bucket, "demo/flat")
     _upload(Path(video.media_root), bucket, "demo/media")
     client().upload_file(str(video.path), bucket, "demo/video_train.jsonl")
     _upload(Path(shards.path), bucket, "demo/wds")
@@ -268,6 +288,8 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
             source.update(path=f"s3://{bucket}/demo/video_train.jsonl", media_root=f"s3://{bucket}/demo/media")
         if source["name"] == shards.name:
             source.update(path=f"s3://{bucket}/demo/wds", media_root=f"s3://{bucket}/demo/wds")
+        if source["name"] == folder.name:
+            source.update(path=f"s3://{bucket}/demo/flat", media_root=f"s3://{bucket}/demo/flat")
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     home = tmp_path / "site/home"
 
@@ -286,8 +308,9 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
     # What names where the bytes were differs (the sources' catalogues and the reasons of their
     # rejected rows, the frame plan and its shards' done records, the package holding those);
     # everything a trainer reads is the same.
-    named = tuple(f"{folder}/{name}." for name in (video.name, shards.name) for folder in ("catalog", "lengths"))
-    named += tuple(f"packing/{name}.rejects" for name in (video.name, shards.name))
+    names = [source.name for source in sources]
+    named = tuple(f"{output}/{name}." for name in names for output in ("catalog", "lengths"))
+    named += tuple(f"packing/{name}.rejects" for name in names)
     assert all(key.startswith((*named, "packages/")) or key.endswith(("/plan.jsonl", ".done.json"))
                for key in differing), differing
     assert any(key.startswith(f"packed_wds/{video.name}/.nv-meta/") for key in expected)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from vlm_assets.catalog.appending import AppendRefused, Extension, FileMark, SavedMark
 from vlm_assets.catalog.build import FolderPart, MediaValidator, catalog_row
-from vlm_assets.catalog.readers.flat_dir import FolderListing
+from vlm_assets.catalog.readers.flat_dir import FolderListing, ObjectFolderListing
 from vlm_assets.catalog.records import RecordLimits
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.config import SourceConfig
@@ -44,13 +44,15 @@ def files_digest(stamps: list[str]) -> str:
 
 
 def plan_folder_extension(source: SourceConfig, catalog: Path, mark_path: Path, settings: str, text_key: str,
-                          validator: MediaValidator, listing: FolderListing) -> Extension:
+                          validator: MediaValidator, listing: FolderListing | ObjectFolderListing) -> Extension:
     """How `catalog` extends to the record files added to `source` (listed in `listing`); raises
     AppendRefused when it does not.
 
     Checks the media the kept rows rely on (recording them as used in the validator's check log)
     and the rows a new file could concern again, so it is called while the catalogue is being rebuilt.
     """
+    if not isinstance(listing, FolderListing):
+        raise AppendRefused("a flat_dir source on object storage is read in full (its unchanged media are not decoded again)")
     mark = FolderMark.load(mark_path)
     if mark is None:
         raise AppendRefused("no read mark from an earlier build")

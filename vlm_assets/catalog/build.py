@@ -18,7 +18,7 @@ from vlm_assets.catalog.media_checks import MediaCheckLog, media_fingerprint
 from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
 from vlm_assets.catalog.readers import RawRecord, read_source
-from vlm_assets.catalog.readers.flat_dir import FolderListing
+from vlm_assets.catalog.readers.flat_dir import FolderListing, ObjectFolderListing
 from vlm_assets.catalog.readers.jsonl import IdSurvey, LineRange, line_ranges, read_jsonl_range, survey_range
 from vlm_assets.catalog.records import RecordLimits, is_json_array
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
@@ -346,7 +346,7 @@ class FolderPart:
     """What of a flat_dir source is read: its record files from the `start`th on (in `listing`'s
     order). A catalogue extended by added files reads only them, knowing the ids before (`seen`)."""
 
-    listing: FolderListing
+    listing: FolderListing | ObjectFolderListing
     start: int = 0
     seen: dict[str, str] = field(default_factory=dict)
 

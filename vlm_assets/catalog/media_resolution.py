@@ -180,47 +180,78 @@ class FileResolver:
 
 
 class ObjectResolver:
-    """Resolves names against a source's media root on object storage: a name is a key relative to
-    it (or an s3:// URL), checked to stay within the source's prefixes before any request, and
-    proven to exist by one HEAD request."""
+    """Resolves names among objects: a name is a key relative to each of `search_dirs` (by default
+    the source's media root), or an s3:// URL; each candidate is checked to stay within the source's
+    prefixes before any request, and proven to exist by one HEAD request. As on disk, a name must
+    match exactly one object. `stem_of`, `stem_names`: a flat_dir record file and the names in its
+    folder that start with its stem and a dot (for same-stem media)."""
 
-    def __init__(self, source: str, scope: SourceScope) -> None:
+    def __init__(self, source: str, scope: SourceScope, search_dirs: list[ObjectURL] | None = None,
+                 stem_of: ObjectURL | None = None, stem_names: list[str] | None = None) -> None:
         self.source = source
         self.scope = scope
         self.media_root = scope.object_media_root
+        self.search_dirs = list(dict.fromkeys(search_dirs or [self.media_root]))
+        self.stem_of = stem_of
+        self.stem_names = stem_names or []
 
-    def resolve(self, name: str) -> ResolvedMedia:
-        if "\x00" in name:
-            raise SampleError(f"media name {name!r} contains a NUL character")
-        if name.startswith(URL_SCHEME):
-            try:
-                target: ObjectURL | None = ObjectURL.parse(name)
-            except ValueError as error:
-                raise SampleError(f"media name {name!r}: {error}") from error
-        elif name.startswith(_REMOTE_PREFIXES):
-            raise SampleError(f"remote media {name!r} is not supported (no network): copy it below the source's media_root")
-        elif name.startswith("/"):
-            raise SampleError(f"media name {name!r} is an absolute path; a source on object storage names its media "
-                              f"by their keys relative to its media_root ({self.media_root})")
-        else:
-            target = ObjectURL(self.media_root.bucket, "").child(f"{self.media_root.key}/{name}" if self.media_root.key else name)
+    def _checked(self, name: str, target: ObjectURL | None, directory: ObjectURL) -> ObjectURL:
         if target is None or not self.scope.contains_object(target):
-            where = target if target is not None else f"{self.media_root}/{name} (above the bucket)"
+            where = target if target is not None else f"{directory}/{name} (above the bucket)"
             raise SampleError(self.scope.escape_reason(f"media path {name!r}", where))
-        info = head(target)
-        if info is None:
-            raise SampleError(f"missing media: {name!r} not found (looked for {target})")
+        return target
+
+    def _resolved(self, name: str, target: ObjectURL) -> ResolvedMedia:
         if self.media_root.contains(target):
             key = f"{self.source}/{self.media_root.relative(target)}"
         else:
             key = f"{self.source}/{target.key}"
         return ResolvedMedia(name, str(target), key)
 
+    def resolve(self, name: str) -> ResolvedMedia:
+        if "\x00" in name:
+            raise SampleError(f"media name {name!r} contains a NUL character")
+        if name.startswith(URL_SCHEME):
+            try:
+                target = self._checked(name, ObjectURL.parse(name), self.media_root)
+            except ValueError as error:
+                raise SampleError(f"media name {name!r}: {error}") from error
+            if head(target) is None:
+                raise SampleError(f"missing media: {name!r} not found (looked for {target})")
+            return self._resolved(name, target)
+        if name.startswith(_REMOTE_PREFIXES):
+            raise SampleError(f"remote media {name!r} is not supported (no network): copy it below the source's media_root")
+        if name.startswith("/"):
+            raise SampleError(f"media name {name!r} is an absolute path; a source on object storage names its media "
+                              f"by their keys relative to its media_root ({self.media_root})")
+        candidates = [
+            self._checked(name, ObjectURL(directory.bucket, "").child(f"{directory.key}/{name}" if directory.key else name),
+                          directory)
+            for directory in self.search_dirs
+        ]
+        found = [target for target in dict.fromkeys(candidates) if head(target) is not None]
+        if not found:
+            looked = ", ".join(str(directory) for directory in self.search_dirs)
+            raise SampleError(f"missing media: {name!r} not found (looked in {looked})")
+        if len(found) > 1:
+            raise SampleError(f"ambiguous media: {name!r} matches {', '.join(str(target) for target in found)}")
+        return self._resolved(name, found[0])
+
     def listed_media_names(self) -> list[str]:
-        return []
+        if self.stem_of is None:
+            return []
+        return [name for name in self.stem_names if name != self.stem_of.name]
 
     def same_stem_media(self) -> list[ResolvedMedia]:
-        return []
+        if self.stem_of is None:
+            return []
+        folder = self.stem_of.parent
+        names = [name for name in self.listed_media_names() if name.rsplit(".", 1)[-1].lower() in MEDIA_EXTENSIONS]
+        if len(names) > 1:
+            raise SampleError(f"ambiguous media: {self.stem_of.name} names no media and several files share its stem "
+                              f"({', '.join(names)})")
+        return [self._resolved(name, ObjectURL(folder.bucket, f"{folder.key}/{name}" if folder.key else name))
+                for name in names]
 
 
 def resolver_for(source: str, scope: SourceScope) -> FileResolver | ObjectResolver:

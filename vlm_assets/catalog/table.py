@@ -28,7 +28,7 @@ from vlm_assets.catalog.build import (
     iter_catalog_chunks,
 )
 from vlm_assets.catalog.media_resolution import SourceScope
-from vlm_assets.catalog.readers.flat_dir import FolderListing
+from vlm_assets.catalog.readers.flat_dir import folder_listing
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK
 from vlm_assets.config import SourceConfig
 from vlm_assets.fingerprints import Snapshot, source_snapshot
@@ -116,7 +116,7 @@ def write_catalog(
         before = source_snapshot(source, excluded)
     extension, part, mark = None, None, None
     if read_mark is not None and (is_json_lines(source) or source.kind == "flat_dir"):
-        listing = FolderListing(source, SourceScope(source), stamped=True) if source.kind == "flat_dir" else None
+        listing = folder_listing(source, SourceScope(source), stamped=True) if source.kind == "flat_dir" else None
         try:
             if listing is None:
                 extension = plan_extension(source, target, read_mark, settings, text_key, validator)

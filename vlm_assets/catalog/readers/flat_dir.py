@@ -7,11 +7,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from vlm_assets.catalog.media_resolution import FileResolver, SourceScope, real_path
+from vlm_assets.catalog.media_resolution import FileResolver, ObjectResolver, SourceScope, real_path
 from vlm_assets.catalog.readers.raw_record import RawRecord
 from vlm_assets.catalog.readers.source_walk import SourceWalk, WalkEntry
 from vlm_assets.catalog.records import RecordLimits, parse_bytes
 from vlm_assets.config import SourceConfig
+from vlm_assets.object_store import ObjectInfo, ObjectURL, list_objects, read_range
 
 
 class FolderListing:
@@ -63,6 +64,55 @@ class FolderListing:
             yield self.record(index, limits)
 
 
+class ObjectFolderListing:
+    """`FolderListing` of a flat_dir source on object storage: its `*.json` objects in key order,
+    listed a page at a time (names starting with "." anywhere below the prefix are skipped, as on
+    disk). Each object's stamp is its key below the prefix, size and ETag."""
+
+    def __init__(self, source: SourceConfig, scope: SourceScope, stamped: bool = False) -> None:
+        assert isinstance(source.path, ObjectURL)
+        self.source = source
+        self.scope = scope
+        self.root = source.path
+        self.entries: list[ObjectInfo] = []
+        self.listings: dict[ObjectURL, list[str]] = {}  # folder -> its object names (for same-stem media)
+        for info in list_objects(self.root):
+            relative = self.root.relative(info.url)
+            if any(part.startswith(".") for part in relative.split("/")):
+                continue
+            self.listings.setdefault(info.url.parent, []).append(info.url.name)
+            if info.url.name.endswith(".json"):
+                self.entries.append(info)
+        self.stamps = [f"{self.root.relative(info.url)}\t{info.size}:{info.etag}" for info in self.entries] if stamped else []
+
+    def record(self, index: int, limits: RecordLimits) -> RawRecord:
+        info = self.entries[index]
+        url = info.url
+        folder = sorted(self.listings.get(url.parent, []))
+        resolver = ObjectResolver(self.source.name, self.scope, [url.parent, self.root], url,
+                                  names_starting(folder, f"{url.name.rsplit('.', 1)[0]}."))
+        sample_id = f"{self.source.name}/{self.root.relative(url)}"
+        error = limits.too_large(info.size, str(url))
+        if error:
+            return RawRecord(sample_id, str(url), None, resolver, error)
+        try:
+            data = read_range(url, 0, info.size)
+        except OSError as read_error:
+            return RawRecord(sample_id, str(url), None, resolver, f"unreadable record file {url}: {read_error}")
+        record, error = parse_bytes(data, str(url), limits)
+        return RawRecord(sample_id, str(url), record, resolver, error)
+
+    def records(self, limits: RecordLimits, start: int = 0) -> Iterator[RawRecord]:
+        for index in range(start, len(self.entries)):
+            yield self.record(index, limits)
+
+
+def folder_listing(source: SourceConfig, scope: SourceScope, stamped: bool = False) -> FolderListing | ObjectFolderListing:
+    if isinstance(source.path, ObjectURL):
+        return ObjectFolderListing(source, scope, stamped)
+    return FolderListing(source, scope, stamped)
+
+
 def names_starting(names: list[str], prefix: str) -> list[str]:
     """The names in sorted `names` that start with `prefix`. A record carries only these, not its folder's
     whole listing: looking through (and sending to a worker) a million names per record would make a big
@@ -75,7 +125,7 @@ def names_starting(names: list[str], prefix: str) -> list[str]:
 
 
 def read_flat_dir(source: SourceConfig, scope: SourceScope, limits: RecordLimits) -> Iterator[RawRecord]:
-    yield from FolderListing(source, scope).records(limits)
+    yield from folder_listing(source, scope).records(limits)
 
 
 def _read_file(path: Path, limits: RecordLimits) -> tuple[bytes | None, str]:
