@@ -4,8 +4,8 @@ With `storage.root: s3://bucket/prefix`, each step builds its outputs in the loc
 (`storage.work_dir`) exactly as under a local root, then publishes them: every file becomes the
 object at the same relative key below the prefix. An object is uploaded whole (multipart above
 `MULTIPART_BYTES`, which the store shows only once complete), so a reader never sees half of one.
-A published folder is mirrored: its new objects are put first, then the objects it no longer
-holds are deleted. A file published as it is now (its size and mtime as when uploaded, the object
+A published folder is mirrored: its new objects are put first (those of its hidden metadata
+folders, such as Energon's `.nv-meta`, last), then the objects it no longer holds are deleted. A file published as it is now (its size and mtime as when uploaded, the object
 still carrying the ETag it got then) is not uploaded again, so a step that changed nothing writes
 no object. What was uploaded is remembered per file under `spool/published/`.
 """
@@ -73,9 +73,11 @@ def publish(root: Path, url: ObjectURL, paths: list[Path]) -> Published:
     summary = Published()
     for path in paths:
         if path.is_dir():
-            remote = {info.url.key: info.etag for info in list_objects(_below(url, path.relative_to(root)))}
+            prefix = _below(url, path.relative_to(root))
+            remote = {info.url.key: info.etag for info in list_objects(prefix)}
             local = {_below(url, file.relative_to(root)).key: file for file in _files_below(path)}
-            for key, file in sorted(local.items()):
+            # Metadata folders (Energon's .nv-meta) last: a reader finds it only over the data it indexes.
+            for key, file in sorted(local.items(), key=lambda item: ("/." in item[0][len(prefix.key):], item[0])):
                 _publish_file(root, file, ObjectURL(url.bucket, key), remote.get(key), summary)
             for key in sorted(set(remote) - set(local)):
                 REQUESTS["delete"] += 1

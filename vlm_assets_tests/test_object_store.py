@@ -365,3 +365,29 @@ def test_a_package_on_object_storage_is_extracted_and_trained_from_its_url(tmp_p
                          for path in (tmp_path / "from_disk").rglob("*") if path.is_file()}
     assert len(extracted) > len(files) // 2
     assert main(["package", "train", url, "--workdir", str(tmp_path / "train")]) == 0
+
+
+def test_publishing_a_folder_mirrors_it_and_uploads_only_what_changed(tmp_path, bucket):
+    from vlm_assets.publish import publish
+
+    root = tmp_path / "work"
+    folder = root / "packed_wds" / "src"
+    (folder / ".nv-meta").mkdir(parents=True)
+    for name, data in {"pretrain-000000.tar": b"a" * 100, "pretrain-000001.tar": b"b" * 50,
+                       ".nv-meta/dataset.yaml": b"x", "pretrain-000002.tar.tmp": b"half"}.items():
+        (folder / name).write_bytes(data)
+    url = ObjectURL(bucket, "out")
+    first = publish(root, url, [folder])
+    assert (first.put, first.unchanged, first.deleted) == (3, 0, 0)  # never another writer's temp file
+    assert sorted(_objects(bucket, "out")) == ["packed_wds/src/.nv-meta/dataset.yaml", "packed_wds/src/pretrain-000000.tar",
+                                               "packed_wds/src/pretrain-000001.tar"]
+    puts = REQUESTS["put"]
+    again = publish(root, url, [folder])
+    assert (again.put, again.unchanged, again.deleted) == (0, 3, 0) and REQUESTS["put"] == puts
+    (folder / "pretrain-000001.tar").unlink()
+    (folder / "pretrain-000000.tar").write_bytes(b"c" * 100)
+    changed = publish(root, url, [folder])
+    assert (changed.put, changed.unchanged, changed.deleted) == (1, 1, 1)
+    assert client().get_object(Bucket=bucket, Key="out/packed_wds/src/pretrain-000000.tar")["Body"].read() == b"c" * 100
+    client().put_object(Bucket=bucket, Key="out/packed_wds/src/.nv-meta/dataset.yaml", Body=b"edited elsewhere")
+    assert publish(root, url, [folder]).put == 1  # the object is not what was uploaded: put again
