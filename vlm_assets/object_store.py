@@ -165,6 +165,19 @@ def read_object(url: ObjectURL) -> bytes:
         raise OSError(f"{url}: cannot read: {error}") from error
 
 
+# Bigger objects are uploaded in parts; the store shows the object only once every part is in.
+MULTIPART_BYTES = 64 << 20
+
+
+def upload_file(path: Path, url: ObjectURL) -> None:
+    """Upload a file whole: a reader sees the old object or the new one, never part of it."""
+    from boto3.s3.transfer import TransferConfig
+
+    REQUESTS["put"] += 1
+    client().upload_file(str(path), url.bucket, url.key,
+                         Config=TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES))
+
+
 def read_object_if_any(url: ObjectURL) -> bytes | None:
     """The object's bytes, or None when there is no such object."""
     from botocore.exceptions import ClientError

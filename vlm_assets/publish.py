@@ -2,8 +2,8 @@
 
 With `storage.root: s3://bucket/prefix`, each step builds its outputs in the local working copy
 (`storage.work_dir`) exactly as under a local root, then publishes them: every file becomes the
-object at the same relative key below the prefix. An object is uploaded whole (multipart above
-`MULTIPART_BYTES`, which the store shows only once complete), so a reader never sees half of one.
+object at the same relative key below the prefix. An object is uploaded whole (see
+vlm_assets.object_store.upload_file), so a reader never sees half of one.
 A published folder is mirrored: its new objects are put first (those of its hidden metadata
 folders, such as Energon's `.nv-meta`, last), then the objects it no longer holds are deleted. A file published as it is now (its size and mtime as when uploaded, the object
 still carrying the ETag it got then) is not uploaded again, so a step that changed nothing writes
@@ -21,9 +21,8 @@ from pathlib import Path
 from vlm_assets.atomic import TEMP_SUFFIX, atomic_write_text
 from vlm_assets.config import AppConfig
 from vlm_assets.layout import StorageLayout
-from vlm_assets.object_store import REQUESTS, ObjectURL, client, head, list_objects
+from vlm_assets.object_store import REQUESTS, ObjectURL, client, head, list_objects, upload_file
 
-MULTIPART_BYTES = 64 << 20
 LEDGER_FOLDER = Path("spool") / "published"
 
 
@@ -114,11 +113,7 @@ def _publish_file(root: Path, file: Path, target: ObjectURL, listed_etag: str | 
         if etag == recorded.get("etag"):
             summary.unchanged += 1
             return
-    from boto3.s3.transfer import TransferConfig
-
-    REQUESTS["put"] += 1
-    client().upload_file(str(file), target.bucket, target.key,
-                         Config=TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES))
+    upload_file(file, target)
     uploaded = head(target)
     if uploaded is None:
         raise OSError(f"{target}: not there after its upload")

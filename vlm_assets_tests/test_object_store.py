@@ -365,6 +365,12 @@ def test_a_package_on_object_storage_is_extracted_and_trained_from_its_url(tmp_p
                          for path in (tmp_path / "from_disk").rglob("*") if path.is_file()}
     assert len(extracted) > len(files) // 2
     assert main(["package", "train", url, "--workdir", str(tmp_path / "train")]) == 0
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "packed", "compress": "gzip", "data": {
+        "packed_wds": str(tmp_path / "data/packed_wds"), "frame_cache": str(tmp_path / "data/frame_cache")}}))
+    uploaded = f"s3://{bucket}/out/packages/packed.nnpkg"
+    assert main(["package", "pack", str(recipe), "-o", uploaded]) == 0
+    assert main(["package", "verify", uploaded]) == 0
 
 
 def test_publishing_a_folder_mirrors_it_and_uploads_only_what_changed(tmp_path, bucket):

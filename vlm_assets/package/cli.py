@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import tempfile
 from pathlib import Path
 
 from vlm_assets.config import ConfigError, load_config
 from vlm_assets.layout import StorageLayout
-from vlm_assets.object_store import location_of, location_size
+from vlm_assets.object_store import ObjectURL, is_object_url, location_of, location_size, upload_file
 from vlm_assets.package.compression import (
     COMPRESSIONS,
     detect_compression,
@@ -20,6 +21,7 @@ from vlm_assets.package.reader import extract_package, read_manifest, verify_pac
 from vlm_assets.package.recipe import load_recipe, spec_from_config, starter_recipe
 from vlm_assets.package.train import default_workdir, train_from_package
 from vlm_assets.package.writer import current_time, source_date_epoch, write_package
+from vlm_assets.publish import publish
 from vlm_assets.wording import plural
 
 _EPILOG = """\
@@ -62,6 +64,7 @@ def _new(args: argparse.Namespace) -> int:
 def _pack(args: argparse.Namespace) -> int:
     if (args.recipe is None) == (args.config is None):
         raise PackageError("give either a RECIPE file or --config APP_CONFIG")
+    published_to = None  # a storage root on object storage, when the package goes under it
     if args.recipe is not None:
         spec = load_recipe(Path(args.recipe))
         default_dir = Path(args.recipe).parent
@@ -69,16 +72,27 @@ def _pack(args: argparse.Namespace) -> int:
         app = load_config(args.config)
         spec = spec_from_config(app, warn=lambda message: _log(f"warning: {message}"))
         default_dir = StorageLayout(app.storage_root).packages
+        published_to = None if args.output else app.storage_url
     if args.compress:
         spec = dataclasses.replace(spec, compress=args.compress)
-    output = Path(args.output) if args.output else default_dir / package_file_name(spec.name, spec.compress)
+    name = package_file_name(spec.name, spec.compress)
     # A hand-made package records when it was made, unless the build pins a time for reproducibility.
     created_at = source_date_epoch() or current_time()
-    result = write_package(spec, output, level=args.level, threads=args.threads, created_at=created_at, log=_log)
-    print(
-        f"{result.path}: {plural(len(result.manifest.files), 'file')}, {_human(result.data_bytes)} -> {_human(result.package_bytes)} "
-        f"(ratio {result.compression_ratio:.2f}, {spec.compress})"
-    )
+    with tempfile.TemporaryDirectory(prefix="vlm-assets-package-") as scratch:
+        # To object storage: written here, then uploaded whole.
+        output = Path(scratch) / name if is_object_url(args.output) else Path(args.output) if args.output else default_dir / name
+        result = write_package(spec, output, level=args.level, threads=args.threads, created_at=created_at, log=_log)
+        where = str(result.path)
+        if is_object_url(args.output):
+            upload_file(result.path, ObjectURL.parse(args.output))
+            where = args.output
+        elif published_to is not None:
+            publish(app.storage_root, published_to, [result.path])
+            where = f"{result.path} (published below {published_to})"
+        print(
+            f"{where}: {plural(len(result.manifest.files), 'file')}, {_human(result.data_bytes)} -> {_human(result.package_bytes)} "
+            f"(ratio {result.compression_ratio:.2f}, {spec.compress})"
+        )
     return 0
 
 
@@ -193,7 +207,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pack = commands.add_parser("pack", help="build a package from a recipe or from the app config's package section")
     pack.add_argument("recipe", nargs="?", help="recipe YAML (see `package new`)")
     pack.add_argument("--config", help="app config: package what its `package:` section describes instead of a recipe")
-    pack.add_argument("-o", "--output", help="package file (default: <name>.nnpkg[.zst] beside the recipe, or under storage packages/)")
+    pack.add_argument("-o", "--output", help="package file, or an s3:// URL to upload it to (default: <name>.nnpkg[.zst] "
+                      "beside the recipe, or under storage packages/)")
     pack.add_argument("--compress", choices=COMPRESSIONS, help="override the recipe's compression")
     pack.add_argument("--level", type=int, help="compression level (default: gzip 6, zstd 3)")
     pack.add_argument("--threads", type=int, help="zstd worker threads (default: all CPUs)")
