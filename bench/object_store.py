@@ -100,6 +100,8 @@ CONFIG = {
 }
 # werkzeug's access line: 127.0.0.1 - - [21/Mar/2025 10:00:00] "GET /bucket/key?x=y HTTP/1.1" 206 -
 REQUEST_LINE = re.compile(r'\[(\d+/\w+/\d+ \d+:\d+:\d+)\] "([A-Z]+) (\S+) HTTP/[\d.]+" (\d{3})')
+# werkzeug colours some status lines (a 206 to a ranged GET among them) with ANSI escapes: stripped first.
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # -- the source: generated once, deterministic, cached ---------------------------------------------
@@ -219,7 +221,7 @@ def requests_since(log: Path, position: int) -> list[Request]:
     """The requests the server logged after byte `position` of its log."""
     with open(log, "rb") as handle:
         handle.seek(position)
-        text = handle.read().decode("utf-8", errors="replace")
+        text = ANSI_ESCAPE.sub("", handle.read().decode("utf-8", errors="replace"))
     requests = []
     for match in REQUEST_LINE.finditer(text):
         stamp, method, target, status = match.groups()
