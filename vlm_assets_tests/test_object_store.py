@@ -27,7 +27,7 @@ from vlm_assets.defs.packing.assets import packed_json, packed_wds_shards, packi
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, HFProcessor, VlmConfig
 from vlm_assets.fingerprints import walk_source
 from vlm_assets.layout import OWNER_NAME, StorageLayout
-from vlm_assets.object_store import REQUESTS, ObjectURL, client, list_objects
+from vlm_assets.object_store import MULTIPART_BYTES, REQUESTS, ObjectURL, client, head, list_objects
 from vlm_assets.root_owner import StorageRootTaken, claim_object_root
 
 ENDPOINT_ENV_VAR = "VLM_ASSETS_TEST_S3_ENDPOINT"
@@ -397,3 +397,28 @@ def test_publishing_a_folder_mirrors_it_and_uploads_only_what_changed(tmp_path, 
     assert client().get_object(Bucket=bucket, Key="out/packed_wds/src/pretrain-000000.tar")["Body"].read() == b"c" * 100
     client().put_object(Bucket=bucket, Key="out/packed_wds/src/.nv-meta/dataset.yaml", Body=b"edited elsewhere")
     assert publish(root, url, [folder]).put == 1  # the object is not what was uploaded: put again
+
+
+def test_an_upload_killed_midway_leaves_no_object_visible(tmp_path, bucket):
+    """What a step's publish does with a big shard, killed -9 after its first part reached the store."""
+    big = tmp_path / "pretrain-000000.tar"
+    with open(big, "wb") as handle:
+        for _ in range(3):
+            handle.write(os.urandom(MULTIPART_BYTES))
+    uploader = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from pathlib import Path; from vlm_assets.object_store import ObjectURL, upload_file; "
+        "upload_file(Path(sys.argv[1]), ObjectURL.parse(sys.argv[2]))"), str(big), f"s3://{bucket}/out/{big.name}"])
+    try:
+        deadline = time.monotonic() + 120
+        while not client().list_multipart_uploads(Bucket=bucket).get("Uploads"):
+            assert uploader.poll() is None and time.monotonic() < deadline, "the upload ended before it could be killed"
+            time.sleep(0.05)
+        upload = client().list_multipart_uploads(Bucket=bucket)["Uploads"][0]
+        while not client().list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]).get("Parts"):
+            assert uploader.poll() is None and time.monotonic() < deadline, "the upload ended before it could be killed"
+            time.sleep(0.05)
+    finally:
+        uploader.kill()
+        uploader.wait(timeout=30)
+    assert head(ObjectURL(bucket, f"out/{big.name}")) is None
+    assert _objects(bucket, "out") == {}
