@@ -237,12 +237,7 @@ class _RangedObject(io.RawIOBase):
 
 def open_object(url: ObjectURL, size: int | None = None, buffer: int = READ_BUFFER) -> io.BufferedReader:
     """A buffered, seekable binary reader of the object: `readline`, `seek` and `tell` work as on a file."""
-    if size is None:
-        info = head(url)
-        if info is None:
-            raise FileNotFoundError(f"{url} does not exist")
-        size = info.size
-    return io.BufferedReader(_RangedObject(url, size), buffer_size=buffer)
+    return io.BufferedReader(_RangedObject(url, location_size(url) if size is None else size), buffer_size=buffer)
 
 
 # -- a source's file, wherever it lies -------------------------------------------------------------

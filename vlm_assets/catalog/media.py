@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-from vlm_assets.object_store import URL_SCHEME, ObjectURL, head, read_object, read_range
+from vlm_assets.object_store import URL_SCHEME, ObjectURL, location_size, read_object, read_range
 
 TAR_PREFIX = "tar:"
 
@@ -89,10 +89,7 @@ def media_size(ref: str) -> int:
     if is_tar_ref(ref):
         return _parse_tar_ref(ref)[1]
     if is_object_ref(ref):
-        info = head(ObjectURL.parse(ref))
-        if info is None:
-            raise FileNotFoundError(f"{ref} does not exist")
-        return info.size
+        return location_size(ObjectURL.parse(ref))
     return Path(ref).stat().st_size
 
 
