@@ -1,5 +1,5 @@
-"""Sources on S3-compatible storage, read from a real S3 server on loopback (moto's standalone server,
-started here unless $VLM_ASSETS_TEST_S3_ENDPOINT names one, as `.ci/run` does)."""
+"""Sources and outputs on S3-compatible storage, on a real object store on loopback (SeaweedFS, started
+here unless $VLM_ASSETS_TEST_S3_ENDPOINT names one, as `.ci/run` does: vlm_assets_tests/s3_support.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,9 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,57 +27,25 @@ from vlm_assets.fingerprints import walk_source
 from vlm_assets.layout import OWNER_NAME, StorageLayout
 from vlm_assets.object_store import MULTIPART_BYTES, REQUESTS, ObjectURL, client, head, list_objects
 from vlm_assets.root_owner import StorageRootTaken, claim_object_root
-
-ENDPOINT_ENV_VAR = "VLM_ASSETS_TEST_S3_ENDPOINT"
-
-
-def _free_port_number() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_until_it_answers(endpoint: str, process: subprocess.Popen | None, log: Path | None) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
-            return
-        except OSError:
-            if (process is not None and process.poll() is not None) or time.monotonic() > deadline:
-                pytest.fail(f"the S3 server at {endpoint} does not answer: {log.read_text()[-2000:] if log else ''}")
-            time.sleep(0.2)
-
+from vlm_assets_tests.s3_support import CREDENTIALS, ENDPOINT_ENV_VAR, seaweedfs, wait_until_ready
 
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if os.environ.get(ENDPOINT_ENV_VAR):
-        _wait_until_it_answers(os.environ[ENDPOINT_ENV_VAR], None, None)
+        wait_until_ready(os.environ[ENDPOINT_ENV_VAR])
         yield os.environ[ENDPOINT_ENV_VAR]
         return
-    server = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
-    if server is None:
-        pytest.fail("moto_server is not installed: `pip install -e '.[test]'` installs it")
-    log = tmp_path_factory.mktemp("s3") / "moto.log"
-    with open(log, "wb") as output:
-        process = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(_free_port_number())], stdout=output,
-                                   stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{process.args[-1]}"
-    try:
-        _wait_until_it_answers(endpoint, process, log)
-        yield endpoint
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    folder = tmp_path_factory.mktemp("s3")
+    with seaweedfs(folder / "data", folder / "weed.log") as server:
+        yield server.endpoint
 
 
 @pytest.fixture
 def bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh bucket, with the standard AWS variables alone pointing the product at the server."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "vlm-test-key")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "vlm-test-secret")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
     name = f"vlm-{uuid.uuid4().hex[:12]}"
     client().create_bucket(Bucket=name)
     return name
