@@ -146,23 +146,35 @@ def list_objects(prefix: ObjectURL) -> Iterator[ObjectInfo]:
                              int(item["LastModified"].timestamp() * 1e9))
 
 
-def read_range(url: ObjectURL, start: int, size: int) -> bytes:
+def read_range(url: ObjectURL, start: int, size: int, if_match: str = "") -> bytes:
+    """`size` bytes at `start`; with `if_match`, of that ETag's version only (OSError once it changed)."""
     if size <= 0:
         return b""
     REQUESTS["get"] += 1
-    try:
-        reply = client().get_object(Bucket=url.bucket, Key=url.key, Range=f"bytes={start}-{start + size - 1}")
-    except Exception as error:
-        raise OSError(f"{url}: cannot read bytes {start}-{start + size - 1}: {error}") from error
-    return reply["Body"].read()
+    return _get(url, if_match, Range=f"bytes={start}-{start + size - 1}")
 
 
-def read_object(url: ObjectURL) -> bytes:
+def read_object(url: ObjectURL, if_match: str = "") -> bytes:
+    """The whole object; with `if_match`, of that ETag's version only (OSError once it changed)."""
     REQUESTS["get"] += 1
+    return _get(url, if_match)
+
+
+def _get(url: ObjectURL, if_match: str, **request: str) -> bytes:
+    from botocore.exceptions import ClientError
+
+    what = f"bytes {request['Range'][6:]}" if "Range" in request else "it"
     try:
-        return client().get_object(Bucket=url.bucket, Key=url.key)["Body"].read()
+        reply = client().get_object(Bucket=url.bucket, Key=url.key, **({"IfMatch": f'"{if_match}"'} if if_match else {}),
+                                    **request)
+        return reply["Body"].read()
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+            raise OSError(f"{url} changed after it was catalogued (its ETag is no longer {if_match}): "
+                          "run the catalogue again") from error
+        raise OSError(f"{url}: cannot read {what}: {error}") from error
     except Exception as error:
-        raise OSError(f"{url}: cannot read: {error}") from error
+        raise OSError(f"{url}: cannot read {what}: {error}") from error
 
 
 # Bigger objects are uploaded in parts; the store shows the object only once every part is in.

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from vlm_assets.catalog.media import pinned_object_ref, read_media_bytes
 from vlm_assets.config import ConfigError, load_config
 from vlm_assets.defs.catalog.assets import sample_catalog, sample_lengths
 from vlm_assets.defs.packing.assets import packed_json, packed_wds_shards, packing_bins
@@ -366,7 +367,8 @@ def test_publishing_a_folder_mirrors_it_and_uploads_only_what_changed(tmp_path, 
 
 
 def test_an_upload_killed_midway_leaves_no_object_visible(tmp_path, bucket):
-    """What a step's publish does with a big shard, killed -9 after its first part reached the store."""
+    """What a step's publish does with a big shard, killed -9 once its multipart upload has begun
+    (its parts go up side by side, and a fast store has the whole of them moments later)."""
     big = tmp_path / "pretrain-000000.tar"
     with open(big, "wb") as handle:
         for _ in range(3):
@@ -378,13 +380,64 @@ def test_an_upload_killed_midway_leaves_no_object_visible(tmp_path, bucket):
         deadline = time.monotonic() + 120
         while not client().list_multipart_uploads(Bucket=bucket).get("Uploads"):
             assert uploader.poll() is None and time.monotonic() < deadline, "the upload ended before it could be killed"
-            time.sleep(0.05)
-        upload = client().list_multipart_uploads(Bucket=bucket)["Uploads"][0]
-        while not client().list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]).get("Parts"):
-            assert uploader.poll() is None and time.monotonic() < deadline, "the upload ended before it could be killed"
-            time.sleep(0.05)
+            time.sleep(0.01)
     finally:
         uploader.kill()
         uploader.wait(timeout=30)
     assert head(ObjectURL(bucket, f"out/{big.name}")) is None
     assert _objects(bucket, "out") == {}
+
+
+def _image_source(folder: Path) -> None:
+    """Three images whose facts a name does not give: a portrait by EXIF orientation, a PNG, a JPEG named .png."""
+    from PIL import Image
+
+    media = folder / "media"
+    media.mkdir(parents=True)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored landscape, shown rotated a quarter turn
+    Image.new("RGB", (96, 48), "red").save(media / "portrait.jpg", exif=exif)
+    Image.new("RGB", (40, 30), "green").save(media / "plain.png")
+    Image.new("RGB", (50, 20), "blue").save(media / "misnamed.png", format="JPEG")
+    ask = [{"role": "user", "content": "<image>What colour is it?"}, {"role": "assistant", "content": "One colour."}]
+    lines = [json.dumps({"id": name, "messages": ask, "images": [name]})
+             for name in ("portrait.jpg", "plain.png", "misnamed.png")]
+    (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_object_media_are_pinned_to_the_version_catalogued_and_read_once_after_it(tmp_path, bucket):
+    _image_source(tmp_path / "source")
+    _upload(tmp_path / "source", bucket, "vlm/images")
+    config = _config(tmp_path, "store", f"s3://{bucket}/vlm/images/train.jsonl", f"s3://{bucket}/vlm/images/media")
+    vlm_config = VlmConfig(config_path=str(config))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["clips"])
+    assets = [sample_catalog, sample_lengths, packing_bins, packed_json, packed_wds_shards]
+
+    def requests_of(*steps: dg.AssetsDefinition) -> dict[str, int]:
+        before = dict(REQUESTS)
+        assert dg.materialize(assets, selection=list(steps), partition_key="clips", instance=instance, resources={
+            "vlm_config": vlm_config, "hf_processor": HFProcessor(vlm_config=vlm_config)}).success
+        return {kind: REQUESTS[kind] - before.get(kind, 0) for kind in REQUESTS if REQUESTS[kind] != before.get(kind, 0)}
+
+    # The catalogue reads each image once (its check); what it learns goes into the image's ref.
+    assert requests_of(sample_catalog)["get"] >= 3
+    catalog = pd.read_parquet(StorageLayout(tmp_path / "store/out").catalog("clips")).set_index("sample_id")
+    refs = {sample_id.split("/", 1)[1]: refs[0] for sample_id, refs in catalog.media_refs.items()}
+    for name, extension, height_width in (("portrait.jpg", "jpg", "96x48"), ("plain.png", "png", "30x40"),
+                                          ("misnamed.png", "jpg", "20x50")):
+        info = head(ObjectURL(bucket, f"vlm/images/media/{name}"))
+        assert refs[name] == f"obj:{info.size}:{info.etag}:{extension}:{height_width}:{info.url}"
+
+    # Lengths, bins and packed JSON learn sizes and extensions from the refs; the shards read each image once.
+    assert requests_of(sample_lengths, packing_bins, packed_json) == {}
+    assert requests_of(packed_wds_shards) == {"get": 3}
+
+    # An object replaced after it was pinned: reading the pinned version is an error that says so, never the new bytes.
+    late = ObjectURL(bucket, "vlm/images/media/late.png")
+    client().put_object(Bucket=bucket, Key=late.key, Body=(tmp_path / "source/media/plain.png").read_bytes())
+    info = head(late)
+    pinned = pinned_object_ref(late, info.size, info.etag)
+    client().put_object(Bucket=bucket, Key=late.key, Body=b"\x89PNG\r\n\x1a\n not the same")
+    with pytest.raises(OSError, match=r"late\.png changed after it was catalogued"):
+        read_media_bytes(pinned)

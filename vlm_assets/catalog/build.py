@@ -12,9 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from vlm_assets.catalog.images import ImageTooLarge, opened_image
-from vlm_assets.catalog.media import kind_from_name, read_media_head, sniff_extension
-from vlm_assets.catalog.media_checks import MediaCheckLog, media_fingerprint
+from vlm_assets.catalog.images import ImageTooLarge, opened_image, oriented_image_size
+from vlm_assets.catalog.media import (
+    OBJECT_PREFIX,
+    ObjectFacts,
+    kind_from_name,
+    object_facts,
+    read_media_head,
+    sniff_extension,
+)
+from vlm_assets.catalog.media_checks import FACTS_SEPARATOR, MediaCheckLog, media_fingerprint
 from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
 from vlm_assets.catalog.readers import RawRecord, read_source
@@ -53,6 +60,7 @@ class MediaValidator:
         self.decoded = 0
         self.remembered = 0
         self._errors: dict[tuple[str, str], str] = {}  # (ref, check) -> error
+        self._content_facts: dict[str, str] = {}  # pinned object image ref -> "<extension>:<height>x<width>"
 
     def error_for(self, ref: str, kind: str) -> str:
         check = self._check_name(kind)
@@ -69,6 +77,8 @@ class MediaValidator:
                 pass  # missing file: the decode below names it
             if fingerprint and self.check_log.passed(ref, fingerprint):
                 self.remembered += 1
+                if ref.startswith(OBJECT_PREFIX):
+                    self._content_facts[ref] = self.check_log.facts(ref)
                 return ""
         if kind == "image":
             error = _image_error(ref, self.max_image_pixels)
@@ -76,13 +86,34 @@ class MediaValidator:
             error = _video_error(ref, self.num_frames, self.mosaic_spool)
         if not isinstance(error, ImageTooLarge):
             self.decoded += 1
+        facts = ""
+        # Of an image only: a video's ref stays as resolved, the key its spooled mosaic is found by.
+        if not error and kind == "image" and ref.startswith(OBJECT_PREFIX):
+            # The object was just read whole (media.py keeps it): learning these costs no request.
+            self._content_facts[ref] = facts = _image_facts(ref)
         if not error and fingerprint and self.check_log is not None:
-            self.check_log.record_pass(ref, fingerprint)
+            self.check_log.record_pass(ref, f"{fingerprint}{FACTS_SEPARATOR}{facts}" if facts else fingerprint)
         return error
+
+    def checked_ref(self, ref: str) -> str:
+        """`ref`, of a pinned object image with what its check learnt (extension, size) added."""
+        facts = self._content_facts.get(ref)
+        if not facts:
+            return ref
+        extension, _, dims = facts.partition(":")
+        height, _, width = dims.partition("x")
+        pinned = object_facts(ref)
+        return ObjectFacts(pinned.url, pinned.size, pinned.etag, extension,
+                           (int(height), int(width)) if dims else None).ref()
 
     def _check_name(self, kind: str) -> str:
         # A pass proves the image within this limit: a lower limit checks every image again.
         return f"video@{self.num_frames}" if kind == "video" else f"image@{self.max_image_pixels}px"
+
+
+def _image_facts(ref: str) -> str:
+    height, width = oriented_image_size(ref)
+    return f"{sniff_extension(read_media_head(ref, 64)) or ''}:{height}x{width}"
 
 
 def _image_error(ref: str, max_image_pixels: int) -> str:
@@ -159,7 +190,7 @@ def _ok_row(raw: RawRecord, text_key: str, validator: MediaValidator) -> dict:
         "n_turns": sample.n_turns,
         "media_files": [media.name for media in resolved],
         "media_kinds": kinds,
-        "media_refs": [media.ref for media in resolved],
+        "media_refs": [validator.checked_ref(media.ref) for media in resolved],
         "media_keys": [media.key for media in resolved],
         "media_type": media_type_of(kinds),
     }

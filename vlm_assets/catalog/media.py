@@ -3,19 +3,26 @@
 A plain file is its absolute path. A member of a WebDataset tar (read in place,
 never unpacked) is ``tar:<offset>:<size>:<absolute tar path>`` so its bytes can
 be read with a single seek. An object on S3-compatible storage is its
-``s3://bucket/key`` URL.
+``s3://bucket/key`` URL, or, once the catalogue has resolved it, that URL pinned to the version it
+read, with what it learnt of it: ``obj:<size>:<etag>:<extension>:<height>x<width>:<url>`` (the
+extension and the image size empty until its content was checked). Later steps then read that
+version only (a changed object is an error, never a silent mix) and need no request to learn its
+size, its extension or an image's size.
 """
 
 from __future__ import annotations
 
 import io
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+from urllib.parse import quote, unquote
 
 from vlm_assets.object_store import URL_SCHEME, ObjectURL, location_size, read_object, read_range
 
 TAR_PREFIX = "tar:"
+OBJECT_PREFIX = "obj:"
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"})
 VIDEO_EXTENSIONS = frozenset({"mp4", "avi", "mkv", "mov", "webm", "m4v", "mpg", "mpeg", "flv", "ts", "3gp"})
@@ -55,7 +62,53 @@ def read_tar_member(tar_path: str | os.PathLike[str] | ObjectURL, offset: int, s
 
 
 def is_object_ref(ref: str) -> bool:
-    return ref.startswith(URL_SCHEME)
+    return ref.startswith((URL_SCHEME, OBJECT_PREFIX))
+
+
+@dataclass(frozen=True)
+class ObjectFacts:
+    """An object medium's URL and what a pinned ref records of it (size None: not pinned)."""
+
+    url: ObjectURL
+    size: int | None = None
+    etag: str = ""
+    extension: str = ""
+    image_size: tuple[int, int] | None = None  # (height, width) after EXIF orientation
+
+    def ref(self) -> str:
+        dims = f"{self.image_size[0]}x{self.image_size[1]}" if self.image_size else ""
+        return f"{OBJECT_PREFIX}{self.size}:{quote(self.etag, safe='')}:{self.extension}:{dims}:{self.url}"
+
+
+def object_facts(ref: str) -> ObjectFacts:
+    if not ref.startswith(OBJECT_PREFIX):
+        return ObjectFacts(ObjectURL.parse(ref))
+    size, etag, extension, dims, url = ref[len(OBJECT_PREFIX):].split(":", 4)
+    height, _, width = dims.partition("x")
+    return ObjectFacts(ObjectURL.parse(url), int(size), unquote(etag), extension,
+                       (int(height), int(width)) if dims else None)
+
+
+def pinned_object_ref(url: ObjectURL, size: int, etag: str) -> str:
+    return ObjectFacts(url, size, etag).ref()
+
+
+# The object this process read last: checking a medium opens it more than once (decode, sniff,
+# orientation), and one request is enough. Bigger objects are read again instead of held.
+_LAST_OBJECT_MAX_BYTES = 64 << 20
+_last_object: tuple[str, bytes] = ("", b"")
+
+
+def _object_bytes(ref: str) -> bytes:
+    global _last_object
+    if _last_object[0] == ref:
+        return _last_object[1]
+    facts = object_facts(ref)
+    data = read_object(facts.url, if_match=facts.etag)
+    if facts.size is not None and len(data) != facts.size:
+        raise OSError(f"{facts.url}: {len(data)} bytes, not the {facts.size} it had when catalogued")
+    _last_object = (ref, data) if len(data) <= _LAST_OBJECT_MAX_BYTES else ("", b"")
+    return data
 
 
 def read_media_bytes(ref: str) -> bytes:
@@ -63,7 +116,7 @@ def read_media_bytes(ref: str) -> bytes:
         offset, size, path = _parse_tar_ref(ref)
         return read_tar_member(path, offset, size)
     if is_object_ref(ref):
-        return read_object(ObjectURL.parse(ref))
+        return _object_bytes(ref)
     return Path(ref).read_bytes()
 
 
@@ -77,7 +130,10 @@ def open_media(ref: str) -> BinaryIO:
 def read_media_head(ref: str, size: int) -> bytes:
     """The media's first `size` bytes (of an object: one ranged GET, not the whole object)."""
     if is_object_ref(ref):
-        return read_range(ObjectURL.parse(ref), 0, size)
+        if _last_object[0] == ref:
+            return _last_object[1][:size]
+        facts = object_facts(ref)
+        return read_range(facts.url, 0, size, if_match=facts.etag)
     if is_tar_ref(ref):
         offset, member_size, path = _parse_tar_ref(ref)
         return read_tar_member(path, offset, min(size, member_size))
@@ -89,7 +145,8 @@ def media_size(ref: str) -> int:
     if is_tar_ref(ref):
         return _parse_tar_ref(ref)[1]
     if is_object_ref(ref):
-        return location_size(ObjectURL.parse(ref))
+        facts = object_facts(ref)
+        return facts.size if facts.size is not None else location_size(facts.url)
     return Path(ref).stat().st_size
 
 
@@ -98,7 +155,7 @@ def describe_ref(ref: str) -> str:
     if is_tar_ref(ref):
         offset, _size, path = _parse_tar_ref(ref)
         return f"{path}@{offset}"
-    return ref
+    return str(object_facts(ref).url) if is_object_ref(ref) else ref
 
 
 def sniff_extension(head: bytes) -> str | None:
@@ -131,7 +188,8 @@ def sniff_extension(head: bytes) -> str | None:
 
 def media_extension(ref: str, name: str) -> str:
     """Extension for a media file: from its content, else from its name, else 'bin'."""
-    sniffed = sniff_extension(read_media_head(ref, 64))
+    recorded = object_facts(ref).extension if is_object_ref(ref) else ""
+    sniffed = recorded or sniff_extension(read_media_head(ref, 64))
     if sniffed:
         return sniffed
     # os.path, not pathlib: a source's reader asks this for every string of every record.

@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import TextIO
 
 from vlm_assets.atomic import atomic_write_text
-from vlm_assets.catalog.media import is_object_ref, is_tar_ref, tar_member_path
-from vlm_assets.object_store import ObjectURL, head
+from vlm_assets.catalog.media import is_object_ref, is_tar_ref, object_facts, tar_member_path
+from vlm_assets.object_store import head
 
 
 RESOLVED_RECENTLY_S = 30.0
+# A pass of an object medium keeps what its check learnt of the content after this separator
+# ("<extension>:<height>x<width>"), so a later build need not read the object to learn it again.
+FACTS_SEPARATOR = "|"
 
 
 def media_fingerprint(ref: str, check: str) -> str:
@@ -33,13 +36,17 @@ def media_fingerprint(ref: str, check: str) -> str:
     return f"{_identity(ref)}:{check}"
 
 
-def _identity(ref: str) -> str:
+def _identity(ref: str, live: bool = False) -> str:
+    """`live`: of an object, as the store has it now, even when the ref pins the version resolved."""
     file = tar_member_path(ref) if is_tar_ref(ref) else ref
     if is_object_ref(file):
+        facts = object_facts(file)
+        if facts.size is not None and not live:
+            return f"{facts.size}:{facts.etag}"
         # Asked right after the medium was resolved (one HEAD proves it exists): that answer will do.
-        info = head(ObjectURL.parse(file), max_age=RESOLVED_RECENTLY_S)
+        info = head(facts.url, max_age=0.0 if live else RESOLVED_RECENTLY_S)
         if info is None:
-            raise FileNotFoundError(f"{ref} does not exist")
+            raise FileNotFoundError(f"{facts.url} does not exist")
         return f"{info.size}:{info.etag}"
     stat = os.stat(file)
     return f"{stat.st_size}:{stat.st_mtime_ns}"
@@ -59,10 +66,15 @@ class MediaCheckLog:
 
     def passed(self, ref: str, fingerprint: str) -> bool:
         """True when `ref` passed this check before and its file has not changed since."""
-        if self._passed.get(ref) != fingerprint:
+        stored = self._passed.get(ref)
+        if stored is None or not (stored == fingerprint or stored.startswith(fingerprint + FACTS_SEPARATOR)):
             return False
-        self._used[ref] = fingerprint
+        self._used[ref] = stored
         return True
+
+    def facts(self, ref: str) -> str:
+        """What the pass of `ref` recorded of its content ("" when nothing)."""
+        return self._passed.get(ref, "").partition(FACTS_SEPARATOR)[2]
 
     def record_pass(self, ref: str, fingerprint: str) -> None:
         if not self.append or ref in self._passed:
@@ -82,7 +94,7 @@ class MediaCheckLog:
         for ref, fingerprint in self._passed.items():
             if is_object_ref(ref) or (is_tar_ref(ref) and is_object_ref(tar_member_path(ref))):
                 try:
-                    identity = _identity(ref)
+                    identity = _identity(ref, live=True)
                 except OSError:
                     return ref
                 if not fingerprint.startswith(f"{identity}:"):

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from vlm_assets.catalog.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, tar_member_ref
+from vlm_assets.catalog.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, pinned_object_ref, tar_member_ref
 from vlm_assets.catalog.messages import SampleError
 from vlm_assets.config import SourceConfig
-from vlm_assets.object_store import URL_SCHEME, ObjectURL, head
+from vlm_assets.object_store import URL_SCHEME, ObjectInfo, ObjectURL, head
 
 MEDIA_EXTENSIONS = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
 _REMOTE_PREFIXES = ("http://", "https://", "s3://")
@@ -201,12 +201,13 @@ class ObjectResolver:
             raise SampleError(self.scope.escape_reason(f"media path {name!r}", where))
         return target
 
-    def _resolved(self, name: str, target: ObjectURL) -> ResolvedMedia:
+    def _resolved(self, name: str, target: ObjectURL, info: ObjectInfo | None = None) -> ResolvedMedia:
+        """`info`: the object's HEAD, which pins the ref to the version found (later steps read that one)."""
         if self.media_root.contains(target):
             key = f"{self.source}/{self.media_root.relative(target)}"
         else:
             key = f"{self.source}/{target.key}"
-        return ResolvedMedia(name, str(target), key)
+        return ResolvedMedia(name, pinned_object_ref(target, info.size, info.etag) if info else str(target), key)
 
     def resolve(self, name: str) -> ResolvedMedia:
         if "\x00" in name:
@@ -216,9 +217,10 @@ class ObjectResolver:
                 target = self._checked(name, ObjectURL.parse(name), self.media_root)
             except ValueError as error:
                 raise SampleError(f"media name {name!r}: {error}") from error
-            if head(target) is None:
+            info = head(target)
+            if info is None:
                 raise SampleError(f"missing media: {name!r} not found (looked for {target})")
-            return self._resolved(name, target)
+            return self._resolved(name, target, info)
         if name.startswith(_REMOTE_PREFIXES):
             raise SampleError(f"remote media {name!r} is not supported (no network): copy it below the source's media_root")
         if name.startswith("/"):
@@ -229,13 +231,13 @@ class ObjectResolver:
                           directory)
             for directory in self.search_dirs
         ]
-        found = [target for target in dict.fromkeys(candidates) if head(target) is not None]
+        found = [info for info in map(head, dict.fromkeys(candidates)) if info is not None]
         if not found:
             looked = ", ".join(str(directory) for directory in self.search_dirs)
             raise SampleError(f"missing media: {name!r} not found (looked in {looked})")
         if len(found) > 1:
-            raise SampleError(f"ambiguous media: {name!r} matches {', '.join(str(target) for target in found)}")
-        return self._resolved(name, found[0])
+            raise SampleError(f"ambiguous media: {name!r} matches {', '.join(str(info.url) for info in found)}")
+        return self._resolved(name, found[0].url, found[0])
 
     def listed_media_names(self) -> list[str]:
         if self.stem_of is None:

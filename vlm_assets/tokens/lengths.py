@@ -26,15 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from vlm_assets.catalog.media import open_media
+from vlm_assets.catalog.images import oriented_image_size
 from vlm_assets.catalog.messages import split_on_placeholders
 from vlm_assets.catalog.schema import STATUS_OK, STATUS_REJECTED
 from vlm_assets.config import FrameCacheConfig
 from vlm_assets.frames.probe import SampledFrames
 from vlm_assets.tokens.text import ProcessorText, TextCounter, control_token_in
 
-EXIF_ORIENTATION_TAG = 0x0112
-ORIENTATIONS_THAT_SWAP_AXES = frozenset({5, 6, 7, 8})
 # Reason prefix of a sample the processor call itself refused (not its media, text or template):
 # `lengths_match_processor` fails on such rows, since they point at the processor or at this code.
 PROCESSOR_CALL_FAILED = "processor call failed"
@@ -320,47 +318,6 @@ def measure_samples(
         # The rendered text holds one pad token per media item; the processor's own counts replace them.
         results[index] = MeasuredSample(samples[index].sample_id, count - len(samples[index].media_kinds), sizes, videos)
     return [result for result in results if result is not None]
-
-
-def oriented_image_size(ref: str) -> tuple[int, int]:
-    """(height, width) after EXIF orientation, read from the header without decoding pixels."""
-    from PIL import Image
-
-    from vlm_assets.catalog.images import opened_image
-
-    with opened_image(ref) as image:
-        width, height = image.size
-        if image.format == "PNG" and not _png_metadata_after_pixels(ref):
-            # Everything Pillow would read is already in `info`; PNG's own getexif() would decode the pixels.
-            exif = Image.Image.getexif(image)
-        else:
-            exif = image.getexif()
-        orientation = exif.get(EXIF_ORIENTATION_TAG, 1)
-    if orientation in ORIENTATIONS_THAT_SWAP_AXES:
-        width, height = height, width
-    return height, width
-
-
-PNG_METADATA_CHUNKS = frozenset({b"eXIf", b"iTXt", b"tEXt", b"zTXt"})
-
-
-def _png_metadata_after_pixels(ref: str) -> bool:
-    """True when a PNG stores EXIF/XMP-capable chunks after its pixel data (walks chunk headers only)."""
-    with open_media(ref) as handle:
-        handle.seek(8)
-        seen_pixels = False
-        while True:
-            header = handle.read(8)
-            if len(header) < 8:
-                return False
-            length, chunk_type = int.from_bytes(header[:4], "big"), header[4:8]
-            if chunk_type == b"IDAT":
-                seen_pixels = True
-            elif chunk_type == b"IEND":
-                return False
-            elif seen_pixels and chunk_type in PNG_METADATA_CHUNKS:
-                return True
-            handle.seek(length + 4, 1)
 
 
 @lru_cache(maxsize=16)
