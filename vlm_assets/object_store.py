@@ -177,6 +177,29 @@ def _get(url: ObjectURL, if_match: str, **request: str) -> bytes:
         raise OSError(f"{url}: cannot read {what}: {error}") from error
 
 
+def read_start(url: ObjectURL, size: int) -> tuple[ObjectInfo, bytes] | None:
+    """The object's first `size` bytes (all of it when it is no bigger) with its size, ETag and
+    modification time, in one ranged GET; None when there is no such object."""
+    from botocore.exceptions import ClientError
+
+    REQUESTS["get"] += 1
+    try:
+        reply = client().get_object(Bucket=url.bucket, Key=url.key, Range=f"bytes=0-{size - 1}")
+        data = reply["Body"].read()
+    except ClientError as error:
+        code = error.response.get("Error", {}).get("Code")
+        if code in ("404", "NoSuchKey", "NotFound"):
+            return None
+        if code in ("416", "InvalidRange"):  # an empty object has no byte 0
+            info = head(url)
+            return None if info is None else (info, b"")
+        raise OSError(f"{url}: cannot read bytes 0-{size - 1}: {error}") from error
+    except Exception as error:
+        raise OSError(f"{url}: cannot read bytes 0-{size - 1}: {error}") from error
+    total = int(reply["ContentRange"].rpartition("/")[2]) if reply.get("ContentRange") else len(data)
+    return ObjectInfo(url, total, reply["ETag"].strip('"'), int(reply["LastModified"].timestamp() * 1e9)), data
+
+
 # Bigger objects are uploaded in parts; the store shows the object only once every part is in.
 MULTIPART_BYTES = 64 << 20
 

@@ -62,6 +62,11 @@ class MediaValidator:
         self._errors: dict[tuple[str, str], str] = {}  # (ref, check) -> error
         self._content_facts: dict[str, str] = {}  # pinned object image ref -> "<extension>:<height>x<width>"
 
+    @property
+    def checks_every_medium(self) -> bool:
+        """No check is remembered (a source's first build): each medium will be read to be checked."""
+        return self.check_log is None or not self.check_log.holds_any()
+
     def error_for(self, ref: str, kind: str) -> str:
         check = self._check_name(kind)
         if (ref, check) not in self._errors:
@@ -173,7 +178,8 @@ def _ok_row(raw: RawRecord, text_key: str, validator: MediaValidator) -> dict:
         return [MediaItem(kind_from_name(name) or "", name) for name in stem_media]
 
     sample: NormalizedSample = normalize_record(raw.record, text_key, fallback)
-    resolved = [stem_media.get(item.name) or raw.resolver.resolve(item.name) for item in sample.media]
+    resolved = [stem_media.get(item.name) or raw.resolver.resolve(item.name, fetch=validator.checks_every_medium)
+                for item in sample.media]
     kinds = [_kind_of(item, media) for item, media in zip(sample.media, resolved)]
     if any(not item.kind for item in sample.media):
         sample = finalize_untyped(sample, kinds)

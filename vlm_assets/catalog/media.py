@@ -14,12 +14,22 @@ from __future__ import annotations
 
 import io
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote, unquote
 
-from vlm_assets.object_store import URL_SCHEME, ObjectURL, location_size, read_object, read_range
+from vlm_assets.object_store import (
+    URL_SCHEME,
+    ObjectInfo,
+    ObjectURL,
+    location_size,
+    read_object,
+    read_range,
+    read_start,
+)
 
 TAR_PREFIX = "tar:"
 OBJECT_PREFIX = "obj:"
@@ -93,22 +103,60 @@ def pinned_object_ref(url: ObjectURL, size: int, etag: str) -> str:
     return ObjectFacts(url, size, etag).ref()
 
 
-# The object this process read last: checking a medium opens it more than once (decode, sniff,
-# orientation), and one request is enough. Bigger objects are read again instead of held.
-_LAST_OBJECT_MAX_BYTES = 64 << 20
-_last_object: tuple[str, bytes] = ("", b"")
+class _RecentObjects:
+    """Objects this process read last: checking a medium opens it more than once (decode, sniff,
+    orientation), and one request is enough; a record's media are resolved before they are checked.
+    At most MAX_BYTES are held, the oldest dropped first; a bigger object is read again instead."""
+
+    MAX_BYTES = 64 << 20
+
+    def __init__(self) -> None:
+        self.by_ref: OrderedDict[str, bytes] = OrderedDict()  # pinned ref -> bytes
+        self.total = 0
+        self.lock = threading.Lock()  # a shard's media are read by several threads
+
+    def get(self, ref: str) -> bytes | None:
+        return self.by_ref.get(ref)
+
+    def keep(self, ref: str, data: bytes) -> None:
+        with self.lock:
+            if len(data) > self.MAX_BYTES or ref in self.by_ref:
+                return
+            self.by_ref[ref] = data
+            self.total += len(data)
+            while self.total > self.MAX_BYTES:
+                self.total -= len(self.by_ref.popitem(last=False)[1])
+
+
+_recent_objects = _RecentObjects()
 
 
 def _object_bytes(ref: str) -> bytes:
-    global _last_object
-    if _last_object[0] == ref:
-        return _last_object[1]
+    recent = _recent_objects.get(ref)
+    if recent is not None:
+        return recent
     facts = object_facts(ref)
     data = read_object(facts.url, if_match=facts.etag)
     if facts.size is not None and len(data) != facts.size:
         raise OSError(f"{facts.url}: {len(data)} bytes, not the {facts.size} it had when catalogued")
-    _last_object = (ref, data) if len(data) <= _LAST_OBJECT_MAX_BYTES else ("", b"")
+    _recent_objects.keep(ref, data)
     return data
+
+
+# An object fetched as it is resolved (see fetch_object) is read in one request when it is no bigger.
+FETCHED_BYTES = 8 << 20
+
+
+def fetch_object(url: ObjectURL) -> ObjectInfo | None:
+    """Whether the object exists, and its version, learnt by reading it (its first FETCHED_BYTES):
+    when it is about to be checked anyway, that read is the check's too. None: no such object."""
+    found = read_start(url, FETCHED_BYTES)
+    if found is None:
+        return None
+    info, data = found
+    if len(data) == info.size:
+        _recent_objects.keep(pinned_object_ref(url, info.size, info.etag), data)
+    return info
 
 
 def read_media_bytes(ref: str) -> bytes:
@@ -130,8 +178,9 @@ def open_media(ref: str) -> BinaryIO:
 def read_media_head(ref: str, size: int) -> bytes:
     """The media's first `size` bytes (of an object: one ranged GET, not the whole object)."""
     if is_object_ref(ref):
-        if _last_object[0] == ref:
-            return _last_object[1][:size]
+        recent = _recent_objects.get(ref)
+        if recent is not None:
+            return recent[:size]
         facts = object_facts(ref)
         return read_range(facts.url, 0, size, if_match=facts.etag)
     if is_tar_ref(ref):

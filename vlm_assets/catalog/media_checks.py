@@ -72,6 +72,9 @@ class MediaCheckLog:
         self._used[ref] = stored
         return True
 
+    def holds_any(self) -> bool:
+        return bool(self._passed)
+
     def facts(self, ref: str) -> str:
         """What the pass of `ref` recorded of its content ("" when nothing)."""
         return self._passed.get(ref, "").partition(FACTS_SEPARATOR)[2]

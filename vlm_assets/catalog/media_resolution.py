@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from vlm_assets.catalog.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, pinned_object_ref, tar_member_ref
+from vlm_assets.catalog.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, fetch_object, pinned_object_ref, tar_member_ref
 from vlm_assets.catalog.messages import SampleError
 from vlm_assets.config import SourceConfig
 from vlm_assets.object_store import URL_SCHEME, ObjectInfo, ObjectURL, head
@@ -31,7 +31,10 @@ class ResolvedMedia:
 
 
 class MediaResolver(Protocol):
-    def resolve(self, name: str) -> ResolvedMedia: ...
+    def resolve(self, name: str, fetch: bool = False) -> ResolvedMedia:
+        """`fetch`: the medium is read right after (its check), so an object may be read now, instead
+        of only asked whether it exists (one request instead of two)."""
+        ...
 
     def same_stem_media(self) -> list[ResolvedMedia]: ...
 
@@ -132,7 +135,7 @@ class FileResolver:
         candidate = self._checked(name, directory / as_path)
         return candidate, is_file(candidate)
 
-    def resolve(self, name: str) -> ResolvedMedia:
+    def resolve(self, name: str, fetch: bool = False) -> ResolvedMedia:
         if name.startswith(_REMOTE_PREFIXES):
             raise SampleError(f"remote media {name!r} is not supported (no network): download it first")
         if "\x00" in name:
@@ -209,15 +212,17 @@ class ObjectResolver:
             key = f"{self.source}/{target.key}"
         return ResolvedMedia(name, pinned_object_ref(target, info.size, info.etag) if info else str(target), key)
 
-    def resolve(self, name: str) -> ResolvedMedia:
+    def resolve(self, name: str, fetch: bool = False) -> ResolvedMedia:
         if "\x00" in name:
             raise SampleError(f"media name {name!r} contains a NUL character")
+        # An image is small: read whole, it is found and checked in one request. A video is asked for.
+        found = fetch_object if fetch and name.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS else head
         if name.startswith(URL_SCHEME):
             try:
                 target = self._checked(name, ObjectURL.parse(name), self.media_root)
             except ValueError as error:
                 raise SampleError(f"media name {name!r}: {error}") from error
-            info = head(target)
+            info = found(target)
             if info is None:
                 raise SampleError(f"missing media: {name!r} not found (looked for {target})")
             return self._resolved(name, target, info)
@@ -231,13 +236,15 @@ class ObjectResolver:
                           directory)
             for directory in self.search_dirs
         ]
-        found = [info for info in map(head, dict.fromkeys(candidates)) if info is not None]
-        if not found:
+        # Among several places, each is asked (a name must match one object only).
+        places = list(dict.fromkeys(candidates))
+        infos = [info for info in map(found if len(places) == 1 else head, places) if info is not None]
+        if not infos:
             looked = ", ".join(str(directory) for directory in self.search_dirs)
             raise SampleError(f"missing media: {name!r} not found (looked in {looked})")
-        if len(found) > 1:
-            raise SampleError(f"ambiguous media: {name!r} matches {', '.join(str(info.url) for info in found)}")
-        return self._resolved(name, found[0].url, found[0])
+        if len(infos) > 1:
+            raise SampleError(f"ambiguous media: {name!r} matches {', '.join(str(info.url) for info in infos)}")
+        return self._resolved(name, infos[0].url, infos[0])
 
     def listed_media_names(self) -> list[str]:
         if self.stem_of is None:
@@ -294,7 +301,7 @@ class TarSampleResolver:
         offset, size = self.members[member]
         return ResolvedMedia(name, tar_member_ref(self.tar_path, offset, size), f"{self.source}/{self.shard_key}/{member}")
 
-    def resolve(self, name: str) -> ResolvedMedia:
+    def resolve(self, name: str, fetch: bool = False) -> ResolvedMedia:
         names = [*self.members, *self.others]
         candidates = {member for member in names if member in (name, f"{self.key}.{name}")}
         if not candidates:

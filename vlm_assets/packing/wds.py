@@ -29,7 +29,7 @@ from pathlib import Path
 
 from vlm_assets.atomic import atomic_path, remove_stale_temp_files
 from vlm_assets.catalog import lookup
-from vlm_assets.catalog.media import is_object_ref, is_tar_ref, media_size, read_media_bytes
+from vlm_assets.catalog.media import is_object_ref, is_tar_ref, media_size, read_media_bytes, tar_member_path
 from vlm_assets.packing.records import PackedRecord, encode_record, record_of_line
 from vlm_assets.parallel import ordered_map
 
@@ -270,7 +270,7 @@ def _planned_shards(
 
 
 def _write_shard(path: Path, samples: list[list[_Member]], on_sample: Callable[[str], None] | None) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb", buffering=0) as handle:
+    with atomic_path(path) as tmp, open(tmp, "wb", buffering=0) as handle, _RemoteReads(samples) as remote:
         fd = handle.fileno()
         written = 0
         for members in samples:
@@ -278,8 +278,10 @@ def _write_shard(path: Path, samples: list[list[_Member]], on_sample: Callable[[
                 _write_all(fd, member.header)
                 if member.data is not None:
                     _write_all(fd, member.data)
+                elif member in remote:
+                    _write_all(fd, remote.bytes_of(member, path))
                 else:
-                    _copy_media(member, fd, path)
+                    _copy_file(member, fd, path)
                 _write_all(fd, bytes(_padded(member.size) - member.size))
                 written += member.stored_size
             if on_sample is not None:
@@ -288,15 +290,64 @@ def _write_shard(path: Path, samples: list[list[_Member]], on_sample: Callable[[
         _write_all(fd, bytes(2 * BLOCK + (-end % RECORD)))
 
 
+def _is_remote(ref: str) -> bool:
+    return is_object_ref(ref) or (is_tar_ref(ref) and is_object_ref(tar_member_path(ref)))
+
+
+class _RemoteReads:
+    """The media of a shard on object storage, read ahead in threads: a read is a round trip to the
+    store, and one after another the shard would wait on each. In order, at most READ_AHEAD reads or
+    READ_AHEAD_BYTES at a time (at least one)."""
+
+    READ_AHEAD = 8
+    READ_AHEAD_BYTES = 64 << 20
+
+    def __init__(self, samples: list[list[_Member]]) -> None:
+        self.waiting = deque(member for members in samples for member in members
+                             if member.data is None and member.ref is not None and _is_remote(member.ref))
+        self.members = set(map(id, self.waiting))
+        self.reading: deque[tuple[_Member, Future[bytes]]] = deque()
+        self.reading_bytes = 0
+        self.pool: ThreadPoolExecutor | None = None  # started by the first read
+
+    def __enter__(self) -> _RemoteReads:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def __contains__(self, member: _Member) -> bool:
+        return id(member) in self.members
+
+    def bytes_of(self, member: _Member, shard: Path) -> bytes:
+        """`member`'s bytes: the next to be read, in the order the shard holds them."""
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=self.READ_AHEAD, thread_name_prefix="media-reader")
+        while self.waiting and (not self.reading or (len(self.reading) < self.READ_AHEAD and
+                                                     self.reading_bytes + self.waiting[0].size <= self.READ_AHEAD_BYTES)):
+            upcoming = self.waiting.popleft()
+            self.reading.append((upcoming, self.pool.submit(read_media_bytes, upcoming.ref)))
+            self.reading_bytes += upcoming.size
+        expected, future = self.reading.popleft()
+        self.reading_bytes -= expected.size
+        if expected is not member:
+            raise RuntimeError(f"{shard.name}: media read out of order ({member.name} before {expected.name})")
+        data = future.result()
+        if len(data) != member.size:
+            raise OSError(f"{member.ref}: size changed while writing {shard.name} ({member.size} -> {len(data)} bytes)")
+        return data
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
 
 
-def _copy_media(member: _Member, out_fd: int, shard: Path) -> None:
-    """Append the media's bytes; plain files go kernel-to-kernel (sendfile), tar refs and objects via a read."""
-    if is_tar_ref(member.ref) or is_object_ref(member.ref):
+def _copy_file(member: _Member, out_fd: int, shard: Path) -> None:
+    """Append the media's bytes; a plain file goes kernel-to-kernel (sendfile), a tar member via a read."""
+    if is_tar_ref(member.ref):
         data = read_media_bytes(member.ref)
         if len(data) != member.size:
             raise OSError(f"{member.ref}: size changed while writing {shard.name} ({member.size} -> {len(data)} bytes)")
