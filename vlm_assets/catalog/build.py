@@ -61,11 +61,8 @@ class MediaValidator:
         self.remembered = 0
         self._errors: dict[tuple[str, str], str] = {}  # (ref, check) -> error
         self._content_facts: dict[str, str] = {}  # pinned object image ref -> "<extension>:<height>x<width>"
-
-    @property
-    def checks_every_medium(self) -> bool:
-        """No check is remembered (a source's first build): each medium will be read to be checked."""
-        return self.check_log is None or not self.check_log.holds_any()
+        # No check remembered when the build began (a source's first): each medium will be read to be checked.
+        self.checks_every_medium = check_log is None or not check_log.holds_any()
 
     def error_for(self, ref: str, kind: str) -> str:
         check = self._check_name(kind)

@@ -17,13 +17,15 @@ number of processes.
 
 from __future__ import annotations
 
+import itertools
 import json
+import multiprocessing
 import os
 import re
 import tarfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -181,11 +183,13 @@ def _write_samples(
     directory.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(directory)
     planned = _planned_shards(prepared, directory, maxcount, maxsize, first_index=len(kept))
+    first = next(planned, None)
+    planned = itertools.chain([first] if first is not None else [], planned)
     if threads <= 1:
         shards = [_write_planned(directory, shard, samples, on_sample) for shard, samples in planned]
     else:
         shards = []
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shard-writer") as pool:
+        with _shard_writers(threads, first is not None and on_sample is None and _reads_remote(first[1])) as pool:
             in_flight: deque[Future[ShardInfo]] = deque()
             try:
                 for shard, samples in planned:
@@ -204,6 +208,18 @@ def _write_samples(
         if orphan_index.name[: -len(ENERGON_INDEX_SUFFIX)] not in written:
             orphan_index.unlink()
     return shards
+
+
+def _reads_remote(samples: list[list[_Member]]) -> bool:
+    return any(member.ref is not None and _is_remote(member.ref) for members in samples for member in members)
+
+
+def _shard_writers(threads: int, remote: bool) -> Executor:
+    """Threads, or, when the media lie on object storage, processes: a read from the store is mostly
+    boto3's Python, which threads of one process cannot run side by side."""
+    if remote:
+        return ProcessPoolExecutor(max_workers=threads, mp_context=multiprocessing.get_context("spawn"))
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shard-writer")
 
 
 def _line_chunks(jsonl_path: Path, skip: int = 0) -> Iterator[tuple[Path, int, list[bytes]]]:
@@ -299,7 +315,7 @@ class _RemoteReads:
     store, and one after another the shard would wait on each. In order, at most READ_AHEAD reads or
     READ_AHEAD_BYTES at a time (at least one)."""
 
-    READ_AHEAD = 8
+    READ_AHEAD = 4
     READ_AHEAD_BYTES = 64 << 20
 
     def __init__(self, samples: list[list[_Member]]) -> None:
