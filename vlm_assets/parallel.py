@@ -48,6 +48,16 @@ def step_processes() -> int:
     return processes
 
 
+# A process that reads media from object storage spends about as long waiting on each request as
+# computing: a step doing that runs this many such processes per process it was given.
+STORE_READERS_PER_PROCESS = 2
+
+
+def store_reading_processes(processes: int) -> int:
+    """Processes for a step's work that reads media from object storage, given `processes` (one stays one)."""
+    return processes * STORE_READERS_PER_PROCESS if processes > 1 else processes
+
+
 def ordered_map(
     function: Callable[[Item], Result],
     chunks: Iterable[Item],

@@ -31,7 +31,7 @@ from vlm_assets.catalog.records import RecordLimits, is_json_array
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
 from vlm_assets.config import DEFAULT_MAX_IMAGE_PIXELS, SourceConfig
 from vlm_assets.object_store import is_file, location_size, open_location, resolved
-from vlm_assets.parallel import ordered_map
+from vlm_assets.parallel import ordered_map, store_reading_processes
 
 if TYPE_CHECKING:
     from vlm_assets.frames.spool import MosaicSpool
@@ -439,6 +439,8 @@ def iter_catalog_chunks(
     `FolderPart`.
     """
     validator.max_image_pixels = source.max_image_pixels
+    if source.on_object_store:
+        processes = store_reading_processes(processes)
     log = validator.check_log
     settings = (source, text_key, validator.num_frames, log.path if log else None, validator.mosaic_spool)
     if part is None and is_json_lines(source):

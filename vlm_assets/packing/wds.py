@@ -33,7 +33,7 @@ from vlm_assets.atomic import atomic_path, remove_stale_temp_files
 from vlm_assets.catalog import lookup
 from vlm_assets.catalog.media import is_object_ref, is_tar_ref, media_size, read_media_bytes, tar_member_path
 from vlm_assets.packing.records import PackedRecord, encode_record, record_of_line
-from vlm_assets.parallel import ordered_map
+from vlm_assets.parallel import ordered_map, store_reading_processes
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
@@ -189,15 +189,23 @@ def _write_samples(
         shards = [_write_planned(directory, shard, samples, on_sample) for shard, samples in planned]
     else:
         shards = []
-        with _shard_writers(threads, first is not None and on_sample is None and _reads_remote(first[1])) as pool:
+        remote = first is not None and _reads_remote(first[1])
+
+        def finished(future: Future[ShardInfo]) -> None:
+            shards.append(future.result())
+            if remote and on_sample is not None:  # a writer process cannot report each sample: its shard's, at its end
+                for key in shards[-1].keys:
+                    on_sample(key)
+
+        with _shard_writers(threads, remote) as pool:
             in_flight: deque[Future[ShardInfo]] = deque()
             try:
                 for shard, samples in planned:
-                    in_flight.append(pool.submit(_write_planned, directory, shard, samples, on_sample))
-                    if len(in_flight) >= 2 * threads:
-                        shards.append(in_flight.popleft().result())
+                    in_flight.append(pool.submit(_write_planned, directory, shard, samples, None if remote else on_sample))
+                    if len(in_flight) >= 2 * (store_reading_processes(threads) if remote else threads):
+                        finished(in_flight.popleft())
                 while in_flight:
-                    shards.append(in_flight.popleft().result())
+                    finished(in_flight.popleft())
             finally:
                 pool.shutdown(cancel_futures=True)
     written = {shard.path.name for shard in shards} | {path.name for path in kept}
@@ -218,7 +226,8 @@ def _shard_writers(threads: int, remote: bool) -> Executor:
     """Threads, or, when the media lie on object storage, processes: a read from the store is mostly
     boto3's Python, which threads of one process cannot run side by side."""
     if remote:
-        return ProcessPoolExecutor(max_workers=threads, mp_context=multiprocessing.get_context("spawn"))
+        return ProcessPoolExecutor(max_workers=store_reading_processes(threads),
+                                   mp_context=multiprocessing.get_context("spawn"))
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="shard-writer")
 
 
