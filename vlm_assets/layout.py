@@ -81,6 +81,10 @@ class StorageLayout:
         """Mosaics the catalogue rendered for that frame cache, until its shards take them (outside it: not packaged)."""
         return self.root / "spool" / "frame_cache" / str(settings.frame_size) / str(settings.num_frames)
 
+    def media_copies(self, source: str) -> Path:
+        """Copies of the source's images on object storage that its catalogue read, until its shards take them."""
+        return self.root / "spool" / "media" / source
+
     def length_chunks(self, source: str) -> Path:
         """Token lengths of the source's catalogue chunks measured so far, for a rebuild to reuse (see tokens.table)."""
         return self.root / "spool" / "lengths" / source

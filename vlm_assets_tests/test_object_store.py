@@ -405,7 +405,7 @@ def _image_source(folder: Path) -> None:
     (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
 
 
-def test_object_media_are_pinned_to_the_version_catalogued_and_read_once_after_it(tmp_path, bucket):
+def test_object_media_are_pinned_to_the_version_catalogued_and_read_once(tmp_path, bucket):
     _image_source(tmp_path / "source")
     _upload(tmp_path / "source", bucket, "vlm/images")
     config = _config(tmp_path, "store", f"s3://{bucket}/vlm/images/train.jsonl", f"s3://{bucket}/vlm/images/media")
@@ -429,9 +429,18 @@ def test_object_media_are_pinned_to_the_version_catalogued_and_read_once_after_i
         info = head(ObjectURL(bucket, f"vlm/images/media/{name}"))
         assert refs[name] == f"obj:{info.size}:{info.etag}:{extension}:{height_width}:{info.url}"
 
-    # Lengths, bins and packed JSON learn sizes and extensions from the refs; the shards read each image once.
+    # Lengths, bins and packed JSON learn sizes and extensions from the refs; the shards copy what the
+    # catalogue kept of each image, then drop it.
+    layout = StorageLayout(tmp_path / "store/out")
+    assert len([path for path in layout.media_copies("clips").rglob("*") if path.is_file()]) == 3
     assert requests_of(sample_lengths, packing_bins, packed_json) == {}
+    assert requests_of(packed_wds_shards) == {}
+    assert not layout.media_copies("clips").exists()
+    first = {path.name: path.read_bytes() for path in layout.packed_wds("clips").glob("*.tar")}
+    # Without the copies, shards read each image once, and write the same bytes.
+    shutil.rmtree(layout.packed_wds("clips"))
     assert requests_of(packed_wds_shards) == {"get": 3}
+    assert {path.name: path.read_bytes() for path in layout.packed_wds("clips").glob("*.tar")} == first
 
     # An object replaced after it was pinned: reading the pinned version is an error that says so, never the new bytes.
     late = ObjectURL(bucket, "vlm/images/media/late.png")

@@ -19,8 +19,10 @@ from vlm_assets.catalog.media import (
     kind_from_name,
     object_facts,
     read_media_head,
+    recently_read,
     sniff_extension,
 )
+from vlm_assets.catalog.media_copies import MediaCopies
 from vlm_assets.catalog.media_checks import FACTS_SEPARATOR, MediaCheckLog, media_fingerprint
 from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
@@ -51,12 +53,13 @@ class MediaValidator:
 
     def __init__(
         self, num_frames: int = 64, check_log: MediaCheckLog | None = None, mosaic_spool: MosaicSpool | None = None,
-        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, media_copies: MediaCopies | None = None,
     ) -> None:
         self.num_frames = num_frames
         self.check_log = check_log
         self.mosaic_spool = mosaic_spool
         self.max_image_pixels = max_image_pixels
+        self.media_copies = media_copies
         self.decoded = 0
         self.remembered = 0
         self._errors: dict[tuple[str, str], str] = {}  # (ref, check) -> error
@@ -93,6 +96,9 @@ class MediaValidator:
         if not error and kind == "image" and ref.startswith(OBJECT_PREFIX):
             # The object was just read whole (media.py keeps it): learning these costs no request.
             self._content_facts[ref] = facts = _image_facts(ref)
+            kept = recently_read(ref)
+            if self.media_copies is not None and kept is not None:
+                self.media_copies.keep(ref, kept)
         if not error and fingerprint and self.check_log is not None:
             self.check_log.record_pass(ref, f"{fingerprint}{FACTS_SEPARATOR}{facts}" if facts else fingerprint)
         return error
@@ -307,12 +313,13 @@ _open_logs: dict[Path, MediaCheckLog] = {}
 
 def _start_chunk_worker(
     source: SourceConfig, text_key: str, num_frames: int, check_log: Path | None, mosaic_spool: MosaicSpool | None,
+    media_copies: MediaCopies | None,
 ) -> None:
     # The worker's log is read-only: it reports its checks with each chunk and the build records them.
     log = None
     if check_log is not None:
         log = _open_logs[check_log].reader() if check_log in _open_logs else MediaCheckLog(check_log, append=False)
-    validator = MediaValidator(num_frames, log, mosaic_spool, source.max_image_pixels)
+    validator = MediaValidator(num_frames, log, mosaic_spool, source.max_image_pixels, media_copies)
     _chunk_worker.update(source=source.name, text_key=text_key, validator=validator, config=source,
                          scope=SourceScope(source))
 
@@ -442,7 +449,8 @@ def iter_catalog_chunks(
     if source.on_object_store:
         processes = store_reading_processes(processes)
     log = validator.check_log
-    settings = (source, text_key, validator.num_frames, log.path if log else None, validator.mosaic_spool)
+    settings = (source, text_key, validator.num_frames, log.path if log else None, validator.mosaic_spool,
+                validator.media_copies)
     if part is None and is_json_lines(source):
         part = JsonlPart()
     range_bytes = _read_in_ranges(source, processes, part)

@@ -143,6 +143,11 @@ def _object_bytes(ref: str) -> bytes:
     return data
 
 
+def recently_read(ref: str) -> bytes | None:
+    """The bytes of the pinned object `ref` if this process read them lately (no request)."""
+    return _recent_objects.get(ref)
+
+
 # An object fetched as it is resolved (see fetch_object) is read in one request when it is no bigger.
 FETCHED_BYTES = 8 << 20
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from vlm_assets.atomic import atomic_path, remove_stale_temp_files
 from vlm_assets.catalog import lookup
 from vlm_assets.catalog.media import is_object_ref, is_tar_ref, media_size, read_media_bytes, tar_member_path
+from vlm_assets.catalog.media_copies import MediaCopies
 from vlm_assets.packing.records import PackedRecord, encode_record, record_of_line
 from vlm_assets.parallel import ordered_map, store_reading_processes
 
@@ -126,19 +127,22 @@ def write_shards_from_jsonl(
     on_sample: Callable[[str], None] | None = None,
     processes: int = 1,
     kept: KeptShards | None = None,
+    media_copies: MediaCopies | None = None,
 ) -> list[ShardInfo]:
     """`write_shards` of `packed_json`'s records, each record's members prepared by one of `processes` processes.
 
     `samples` (with a `media_refs` column) stays open meanwhile: the chunk processes read its index file.
     `kept` (packing.mode append, see `kept_shards`): only the records after the kept shards' are
-    written, into new shards numbered after them. Returns the shards written.
+    written, into new shards numbered after them. Media on object storage are taken from
+    `media_copies` where the catalogue kept a copy. Returns the shards written.
     """
     kept = kept or KeptShards([], 0)
     try:
         prepared = ordered_map(_prepare_lines, _line_chunks(jsonl_path, kept.records), processes, lookup.attach,
                                (str(samples.path), samples.columns))
         members = (sample for chunk in prepared for sample in chunk)
-        return _write_samples(members, directory, maxcount, maxsize, on_sample, threads=processes, kept=kept.paths)
+        return _write_samples(members, directory, maxcount, maxsize, on_sample, threads=processes, kept=kept.paths,
+                              media_copies=media_copies)
     finally:
         lookup.detach()
 
@@ -179,6 +183,7 @@ def _write_samples(
     on_sample: Callable[[str], None] | None,
     threads: int,
     kept: Sequence[Path] = (),
+    media_copies: MediaCopies | None = None,
 ) -> list[ShardInfo]:
     directory.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(directory)
@@ -186,7 +191,7 @@ def _write_samples(
     first = next(planned, None)
     planned = itertools.chain([first] if first is not None else [], planned)
     if threads <= 1:
-        shards = [_write_planned(directory, shard, samples, on_sample) for shard, samples in planned]
+        shards = [_write_planned(directory, shard, samples, on_sample, media_copies) for shard, samples in planned]
     else:
         shards = []
         remote = first is not None and _reads_remote(first[1])
@@ -201,7 +206,8 @@ def _write_samples(
             in_flight: deque[Future[ShardInfo]] = deque()
             try:
                 for shard, samples in planned:
-                    in_flight.append(pool.submit(_write_planned, directory, shard, samples, None if remote else on_sample))
+                    in_flight.append(pool.submit(_write_planned, directory, shard, samples, None if remote else on_sample,
+                                                 media_copies))
                     if len(in_flight) >= 2 * (store_reading_processes(threads) if remote else threads):
                         finished(in_flight.popleft())
                 while in_flight:
@@ -255,10 +261,11 @@ def _prepare_lines(chunk: tuple[Path, int, list[bytes]]) -> list[list[_Member]]:
 
 
 def _write_planned(
-    directory: Path, shard: ShardInfo, samples: list[list[_Member]], on_sample: Callable[[str], None] | None
+    directory: Path, shard: ShardInfo, samples: list[list[_Member]], on_sample: Callable[[str], None] | None,
+    media_copies: MediaCopies | None = None,
 ) -> ShardInfo:
     before = _identity(shard.path)
-    _write_shard(shard.path, samples, on_sample)
+    _write_shard(shard.path, samples, on_sample, media_copies)
     if _identity(shard.path) != before:
         # Energon's index of the old bytes is wrong for the new ones; an unchanged shard keeps it.
         (directory / (shard.path.name + ENERGON_INDEX_SUFFIX)).unlink(missing_ok=True)
@@ -294,8 +301,10 @@ def _planned_shards(
         yield shard, samples
 
 
-def _write_shard(path: Path, samples: list[list[_Member]], on_sample: Callable[[str], None] | None) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb", buffering=0) as handle, _RemoteReads(samples) as remote:
+def _write_shard(path: Path, samples: list[list[_Member]], on_sample: Callable[[str], None] | None,
+                 media_copies: MediaCopies | None) -> None:
+    with (atomic_path(path) as tmp, open(tmp, "wb", buffering=0) as handle,
+          _RemoteReads(samples, media_copies) as remote):
         fd = handle.fileno()
         written = 0
         for members in samples:
@@ -327,7 +336,8 @@ class _RemoteReads:
     READ_AHEAD = 4
     READ_AHEAD_BYTES = 64 << 20
 
-    def __init__(self, samples: list[list[_Member]]) -> None:
+    def __init__(self, samples: list[list[_Member]], copies: MediaCopies | None) -> None:
+        self.copies = copies
         self.waiting = deque(member for members in samples for member in members
                              if member.data is None and member.ref is not None and _is_remote(member.ref))
         self.members = set(map(id, self.waiting))
@@ -345,6 +355,10 @@ class _RemoteReads:
     def __contains__(self, member: _Member) -> bool:
         return id(member) in self.members
 
+    def _read(self, ref: str) -> bytes:
+        kept = self.copies.read(ref) if self.copies is not None and is_object_ref(ref) else None
+        return kept if kept is not None else read_media_bytes(ref)
+
     def bytes_of(self, member: _Member, shard: Path) -> bytes:
         """`member`'s bytes: the next to be read, in the order the shard holds them."""
         if self.pool is None:
@@ -352,7 +366,7 @@ class _RemoteReads:
         while self.waiting and (not self.reading or (len(self.reading) < self.READ_AHEAD and
                                                      self.reading_bytes + self.waiting[0].size <= self.READ_AHEAD_BYTES)):
             upcoming = self.waiting.popleft()
-            self.reading.append((upcoming, self.pool.submit(read_media_bytes, upcoming.ref)))
+            self.reading.append((upcoming, self.pool.submit(self._read, upcoming.ref)))
             self.reading_bytes += upcoming.size
         expected, future = self.reading.popleft()
         self.reading_bytes -= expected.size

@@ -14,6 +14,7 @@ import pandas as pd
 from vlm_assets.catalog.appending import reading_settings
 from vlm_assets.catalog.build import MediaValidator
 from vlm_assets.catalog.media_checks import MediaCheckLog
+from vlm_assets.catalog.media_copies import MediaCopies
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import CatalogSummary, SourceChangedError, write_catalog
 from vlm_assets.defs.catalog.source_files import (
@@ -137,7 +138,9 @@ def _catalogue(context: dg.AssetExecutionContext, vlm_config: VlmConfig, fingerp
         check_log = MediaCheckLog(layout.media_checks(source.name))
         # The validating decode also renders each video's frame-cache mosaic, for the plan and shards to take.
         spool = MosaicSpool(layout.mosaic_spool(app.frame_cache), app.frame_cache)
-        validator = MediaValidator(app.frame_cache.num_frames, check_log, spool, source.max_image_pixels)
+        # Of a source on object storage, the images the catalogue reads are kept for the shards to copy.
+        copies = MediaCopies(layout.media_copies(source.name)) if source.on_object_store else None
+        validator = MediaValidator(app.frame_cache.num_frames, check_log, spool, source.max_image_pixels, copies)
         read_mark = layout.catalog_read_mark(source.name)
         if context.run.tags.get(FORCE_TAG) == "true":
             read_mark.unlink(missing_ok=True)  # `run --force` reads every record again

@@ -11,6 +11,7 @@ import pandas as pd
 
 from vlm_assets.atomic import atomic_open, write_parquet
 from vlm_assets.catalog.lookup import SampleLookup
+from vlm_assets.catalog.media_copies import MediaCopies
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
 from vlm_assets.defs.packing import checks
 from vlm_assets.defs.resources import (
@@ -186,9 +187,12 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         # packing.mode append: the shards written before stay; only the records after theirs need the catalogue.
         kept = kept_shards(directory, checked.sample_count) if app.packing.mode == "append" else None
         needed = sample_ids_after(jsonl_path, kept.records) if kept and kept.records else None
+        # Images on object storage that the catalogue read are copied from what it kept, then dropped.
+        copies = MediaCopies(layout.media_copies(source))
         with SampleLookup(layout.catalog(source), ["media_refs"], near=jsonl_path, only=needed) as samples:
             shards = write_shards_from_jsonl(jsonl_path, samples, directory, app.wds.maxcount, app.wds.maxsize,
-                                             progress, processes, kept=kept)
+                                             progress, processes, kept=kept, media_copies=copies)
+        copies.clear()
         context.log.info(f"{source}: {plural(written, 'sample')} in {plural(len(shards), 'shard')} -> {directory}"
                          + (f" ({processes} processes)" if processes > 1 else ""))
         members_result = checks.shard_members_result(list_shards(directory), jsonl_path, processes, checked)
