@@ -10,11 +10,13 @@ step removes a source's copies once its shards are written.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import threading
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlm_assets.atomic import atomic_write_bytes
 from vlm_assets.catalog.media import object_facts
 
 MIN_FREE_BYTES = 1 << 30
@@ -35,15 +37,22 @@ class MediaCopies:
         path.parent.mkdir(parents=True, exist_ok=True)
         if shutil.disk_usage(path.parent).free - len(data) < MIN_FREE_BYTES:
             return
-        atomic_write_bytes(path, data)
+        # A copy is a cache, read only through its checksum: written without fsync, a copy cut short
+        # by a crash is a copy not taken, never bytes taken for the object's.
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        temporary.write_bytes(data + zlib.crc32(data).to_bytes(4, "big"))
+        os.replace(temporary, path)
 
     def read(self, ref: str) -> bytes | None:
-        """The bytes of the pinned object `ref`, if a copy of that version is kept."""
+        """The bytes of the pinned object `ref`, if a whole copy of that version is kept."""
         try:
-            data = self._path(ref).read_bytes()
+            kept = self._path(ref).read_bytes()
         except FileNotFoundError:
             return None
-        return data if len(data) == object_facts(ref).size else None
+        data, checksum = kept[:-4], kept[-4:]
+        if len(data) != object_facts(ref).size or zlib.crc32(data).to_bytes(4, "big") != checksum:
+            return None
+        return data
 
     def clear(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
