@@ -44,16 +44,25 @@ def weed_executable() -> str:
     return found
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports free now (each probe is held until all are chosen)."""
+    with ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def server_command(data_dir: Path, s3_port: int, metrics_port: int | None = None) -> list[str]:
     """`weed server` with master, volume, filer and S3 gateway in one process, every port on loopback."""
-    ports = {name: free_port() for name in ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-                                            "filer.port", "filer.port.grpc", "s3.port.grpc")}
+    names = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+             "s3.port.grpc")
+    chosen = [port for port in free_ports(len(names) + 2) if port not in (s3_port, metrics_port)]
+    ports = dict(zip(names, chosen))
     return [weed_executable(), "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             *(f"-{name}={port}" for name, port in ports.items()),
             "-filer", "-s3", f"-s3.port={s3_port}", "-s3.port.iceberg=0", "-s3.port.lance=0",
@@ -95,7 +104,7 @@ def seaweedfs(data_dir: Path, log: Path, s3_port: int | None = None,
               metrics_port: int | None = None) -> Iterator[S3Server]:
     """A SeaweedFS server with its S3 gateway on 127.0.0.1, stopped on exit (its data left in data_dir)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    port = s3_port or free_port()
+    port = s3_port or next(port for port in free_ports(2) if port != metrics_port)
     # The server sees none of the caller's AWS variables: they would give it identities to enforce.
     environment = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
     with ExitStack() as stack:
