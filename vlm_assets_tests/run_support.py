@@ -81,6 +81,19 @@ def differences(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
     return problems
 
 
+def initialised_home(home: Path) -> Path:
+    """`home` with the dagster.yaml `vlm-assets run` writes and its storage created, so a test may read the
+    instance while a run starts: two processes creating one fresh sqlite storage at once stamp its schema
+    version twice, and neither can open it afterwards."""
+    from vlm_assets.orchestration.home import instance_config_text
+
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text(instance_config_text())
+    with dg.DagsterInstance.from_config(str(home)):
+        pass
+    return home
+
+
 def single_slot_instance(home: Path) -> None:
     """An instance whose pools have one slot each: a slot a dead run keeps would block every later step."""
     from vlm_assets.orchestration.home import INSTANCE_CONFIG_HEADER, instance_config_text

@@ -28,7 +28,9 @@ from vlm_assets.defs.tags import LAUNCHED_BY_CLI, LAUNCHED_BY_TAG
 from vlm_assets.defs.executor import CELERY_BROKER_ENV
 from vlm_assets.orchestration.celery_runs import LOST_AFTER_ENV_VAR, answering_workers
 from vlm_assets_tests.pg_support import pg_server
-from vlm_assets_tests.run_support import differences, run, site_config, snapshot, start_run, wait_for_started_run
+from vlm_assets_tests.run_support import (
+    differences, initialised_home, run, site_config, snapshot, start_run, wait_for_started_run,
+)
 
 pytestmark = [pytest.mark.services, pytest.mark.processes]
 
@@ -262,7 +264,7 @@ def test_two_workers_measure_chunks_of_one_source_and_a_killed_ones_chunk_goes_t
     config.write_text(f"storage: {{root: {site / 'vlm_data'}}}\n"
                       "sources:\n  - {name: chat, kind: jsonl, path: ./chat.jsonl, chunk_rows: 8192}\n"
                       "model: {processor: embedded}\nsample: {sample_type: packed_multi_mix_qa, max_token_len: 4096}\n")
-    home = site / "home"
+    home = initialised_home(site / "home")
     workdirs = [tmp_path / "worker-1", tmp_path / "worker-2"]
     workers = [start_worker(config, workdir) for workdir in workdirs]
     cli = None

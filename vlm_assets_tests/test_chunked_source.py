@@ -30,7 +30,7 @@ from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
 from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, ChunkStore, rows_to_recheck, sample_kind, write_length_table
-from vlm_assets_tests.run_support import run, start_run
+from vlm_assets_tests.run_support import initialised_home, run, start_run
 
 MODEL = ModelConfig(processor_kwargs={"min_pixels": 3136, "max_pixels": 1003520})
 FRAME_CACHE = FrameCacheConfig()
@@ -343,10 +343,10 @@ def test_a_run_killed_mid_chunks_reruns_only_the_chunks_it_had_not_finished(tmp_
         "storage": {"root": str(tmp_path / "vlm_data")},
         "sources": [{"name": "chat", "kind": "jsonl", "path": str(manifest), "chunk_rows": LENGTH_CHUNK_ROWS}],
     }))
-    home = tmp_path / "home"
+    home = initialised_home(tmp_path / "home")
     process = start_run(config, home, "--workers", "1", "--select", "sample_lengths")
     deadline = time.monotonic() + 300
-    while not (home.exists() and _chunk_runs(home)):
+    while not _chunk_runs(home):
         assert process.poll() is None and time.monotonic() < deadline, "no chunk was measured"
         time.sleep(0.5)
     os.killpg(process.pid, signal.SIGKILL)

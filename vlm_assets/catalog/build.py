@@ -22,8 +22,8 @@ from vlm_assets.catalog.media import (
     recently_read,
     sniff_extension,
 )
-from vlm_assets.catalog.media_copies import MediaCopies
 from vlm_assets.catalog.media_checks import FACTS_SEPARATOR, MediaCheckLog, media_fingerprint
+from vlm_assets.catalog.media_copies import MediaCopies
 from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
 from vlm_assets.catalog.readers import RawRecord, read_source
