@@ -39,10 +39,10 @@ between two reads is put down to the step whose run was in progress in that inte
 step boundaries). Last, whether each S3 run's packed JSON and shards are byte-identical to those of
 the local run of the same repeat.
 
-Before the builds, the machine's floor: --workers plain processes GET every medium once with boto3,
-split evenly and doing nothing else. At the end, the least the S3 build can take on this machine
-(local build + the floor × the S3 build's GETs per medium, the server's CPU sharing the cores) and
-the share of that ceiling the S3 build reaches.
+Before the builds, the machine's floor: --workers plain processes GET every medium once, split evenly
+and doing nothing else, once with boto3's get_object and once with the build's own GET. At the end,
+the least the S3 build can take on this machine (local build + the build's-GET floor × the S3 build's
+GETs per medium, the server's CPU sharing the cores) and the share of that ceiling the S3 build reaches.
 
 Loopback is no network: what this measures is the product's cost per request (boto3, HTTP,
 SeaweedFS's handling) on top of the same reads from a warm page cache, not a store's latency.
@@ -421,38 +421,54 @@ def print_requests(builds: dict[str, list[Build]], samples: int) -> None:
 
 # -- the machine's own floor: the same reads, and nothing else ---------------------------------------
 
-def _read_objects(endpoint: str, keys: list[str]) -> None:
-    import boto3
+READERS = {"boto3": "boto3's get_object", "vlm-assets": "the build's own GET (presigned by boto3, sent by urllib3)"}
 
-    s3 = boto3.session.Session().client("s3", endpoint_url=endpoint, aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                                        region_name=CREDENTIALS["AWS_DEFAULT_REGION"])
+
+def _read_objects(endpoint: str, keys: list[str], reader: str) -> None:
+    if reader == "boto3":
+        import boto3
+
+        s3 = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint, aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region_name=CREDENTIALS["AWS_DEFAULT_REGION"])
+        for key in keys:
+            s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        return
+    from vlm_assets.catalog.media import FETCHED_BYTES
+    from vlm_assets.object_store import ObjectURL, read_start
+
+    os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=endpoint)
     for key in keys:
-        s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        read_start(ObjectURL(BUCKET, key), FETCHED_BYTES)
 
 
-def read_floor(store: Store, samples: int, workers: int) -> float:
-    """Seconds `workers` plain processes take to GET every medium once with boto3, split evenly and
+def read_floor(store: Store, samples: int, workers: int, reader: str) -> float:
+    """Seconds `workers` plain processes take to GET every medium once with `reader`, split evenly and
     doing nothing else: the least one read of each medium costs on this machine, the server's CPU included."""
     keys = [f"{PREFIX}/media/{image_name(index)}" for index in range(samples)]
     shares = [keys[worker::workers] for worker in range(workers)]
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_read_objects, [store.server.endpoint] * workers, [share[:1] for share in shares]))  # started
+        list(pool.map(_read_objects, [store.server.endpoint] * workers, [share[:1] for share in shares],
+                      [reader] * workers))  # started
         started = time.perf_counter()
-        list(pool.map(_read_objects, [store.server.endpoint] * workers, shares))
+        list(pool.map(_read_objects, [store.server.endpoint] * workers, shares, [reader] * workers))
         return time.perf_counter() - started
 
 
-def print_floor(builds: dict[str, list[Build]], floor: float, workers: int, samples: int) -> None:
+def print_floor(builds: dict[str, list[Build]], floors: dict[str, float], workers: int, samples: int) -> None:
     local = statistics.median(run.measured.wall for run in builds["local"])
     remote = statistics.median(run.measured.wall for run in builds["S3"])
     reads = statistics.median(sum(count for (kind, code), count in run.requests.items() if kind == "GET")
                               for run in builds["S3"]) / samples
+    print()
+    for reader, floor in floors.items():
+        print(f"the machine's floor with {READERS[reader]}: {workers} plain processes GET every medium once in "
+              f"{floor:.1f} s")
+    floor = floors["vlm-assets"]
     least = local + reads * floor
-    print(f"\nthe machine's floor: {workers} plain processes GET every medium once in {floor:.1f} s (boto3 and the "
-          f"server, nothing else); the S3 build reads {reads:.2f} times per medium, so it takes at least "
-          f"local {local:.1f} s + {reads:.2f} × {floor:.1f} s = {least:.1f} s ({least / local:.2f}× local) on this "
-          f"machine, where the server shares the cores; measured {remote:.1f} s: {least / remote:.0%} of that ceiling")
+    print(f"the S3 build reads {reads:.2f} times per medium with the second, so it takes at least local {local:.1f} s "
+          f"+ {reads:.2f} × {floor:.1f} s = {least:.1f} s ({least / local:.2f}× local) on this machine, where the "
+          f"server shares the cores; measured {remote:.1f} s: {least / remote:.0%} of that ceiling")
 
 
 def main() -> int:
@@ -473,8 +489,10 @@ def main() -> int:
         print(f"S3 server: SeaweedFS at {store.server.endpoint} (log {store.server.log.relative_to(ROOT)}, "
               f"metrics {store.metrics})", flush=True)
         upload(store, folder)
-        floor = read_floor(store, samples, args.workers)
-        print(f"floor: {args.workers} plain processes read every medium once in {floor:.1f} s", flush=True)
+        floors = {reader: read_floor(store, samples, args.workers, reader) for reader in READERS}
+        for reader, floor in floors.items():
+            print(f"floor: {args.workers} plain processes read every medium once with {READERS[reader]} in "
+                  f"{floor:.1f} s", flush=True)
         for repeat in range(repeats):
             for site in SITES:
                 builds[site].append(build(site, repeat, folder, manifest, args.workers, store))
@@ -485,7 +503,7 @@ def main() -> int:
                 shutil.rmtree(remote.workdir)
     print_times(builds, repeats)
     print_requests(builds, samples)
-    print_floor(builds, floor, args.workers, samples)
+    print_floor(builds, floors, args.workers, samples)
     return 0
 
 

@@ -26,7 +26,9 @@ from vlm_assets.defs.packing.assets import packed_json, packed_wds_shards, packi
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, HFProcessor, VlmConfig
 from vlm_assets.fingerprints import walk_source
 from vlm_assets.layout import OWNER_NAME, StorageLayout
-from vlm_assets.object_store import MULTIPART_BYTES, REQUESTS, ObjectURL, client, head, list_objects
+from vlm_assets.object_store import (
+    MULTIPART_BYTES, REQUESTS, ObjectURL, client, head, list_objects, read_object, read_range, read_start,
+)
 from vlm_assets.root_owner import StorageRootTaken, claim_object_root
 from vlm_assets_tests.s3_support import CREDENTIALS, ENDPOINT_ENV_VAR, seaweedfs, wait_until_ready
 
@@ -76,6 +78,26 @@ def test_a_listing_is_paged(bucket):
     keys = [info.url.key for info in list_objects(prefix)]
     assert keys == [f"many/{index:05d}.jpg" for index in range(1500)]
     assert REQUESTS["list"] - before == 2  # 1,000 keys per page
+
+
+def test_reads_tell_a_missing_object_from_a_missing_bucket_and_a_changed_version_from_the_one_pinned(bucket):
+    url = ObjectURL(bucket, "media/a.jpg")
+    client().put_object(Bucket=bucket, Key=url.key, Body=b"0123456789")
+    info, start = read_start(url, 4)
+    assert start == b"0123"
+    assert info == head(url)  # the facts a GET gives are those a HEAD gives: fingerprints agree
+    assert read_start(ObjectURL(bucket, "media/missing.jpg"), 4) is None
+    client().put_object(Bucket=bucket, Key="media/empty.jpg", Body=b"")
+    assert read_start(ObjectURL(bucket, "media/empty.jpg"), 4)[1] == b""
+    assert read_range(url, 2, 3, if_match=info.etag) == b"234"
+    assert read_object(url, if_match=info.etag) == b"0123456789"
+    client().put_object(Bucket=bucket, Key=url.key, Body=b"replaced")
+    with pytest.raises(OSError, match=f"{url} changed after it was catalogued"):
+        read_range(url, 0, 3, if_match=info.etag)
+    with pytest.raises(OSError, match="cannot read bytes 0-3: HTTP 404 NoSuchBucket"):
+        read_start(ObjectURL(f"{bucket}-gone", "a.jpg"), 4)
+    with pytest.raises(OSError, match="cannot read it: HTTP 404 NoSuchKey"):
+        read_object(ObjectURL(bucket, "media/missing.jpg"))
 
 
 def _config(tmp_path: Path, name: str, path: str, media_root: str | None, kind: str = "jsonl", **extra) -> Path:
