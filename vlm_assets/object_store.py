@@ -179,7 +179,7 @@ def read_start(url: ObjectURL, size: int) -> tuple[ObjectInfo, bytes] | None:
     REQUESTS["get"] += 1
     what = f"bytes 0-{size - 1}"
     reply = _signed_get(url, {"Range": f"bytes=0-{size - 1}"}, what)
-    if reply.status == 404 and _error_code(reply) != "NoSuchBucket":
+    if reply.status == 404 and _error_field(reply, "Code") != "NoSuchBucket":
         return None
     if reply.status == 416:  # an empty object has no byte 0
         info = head(url)
@@ -236,13 +236,10 @@ def _error_field(reply: Any, tag: str) -> str:
     return found.group(1) if found else ""
 
 
-def _error_code(reply: Any) -> str:
-    return _error_field(reply, "Code")
-
-
 def _refusal(reply: Any) -> str:
     """The store's answer to a refused request: its status and, from the error document, code and message."""
-    return " ".join(part for part in (f"HTTP {reply.status}", _error_code(reply), _error_field(reply, "Message")) if part)
+    parts = (f"HTTP {reply.status}", _error_field(reply, "Code"), _error_field(reply, "Message"))
+    return " ".join(part for part in parts if part)
 
 
 # Bigger objects are uploaded in parts; the store shows the object only once every part is in.
