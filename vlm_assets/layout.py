@@ -39,7 +39,7 @@ class StorageLayout:
         return self.root / "catalog" / f"{source}.read.json"
 
     def media_checks(self, source: str) -> Path:
-        return self.root / "catalog" / f"{source}.media_checks.jsonl"
+        return self.root / "catalog" / f"{source}.media_checks.sqlite"
 
     def lengths(self, source: str) -> Path:
         return self.root / "lengths" / f"{source}.parquet"

@@ -179,7 +179,7 @@ def _build(source, log_path):
 
 def test_unchanged_media_are_not_decoded_again(tmp_path, shared_data):
     source, media = _media_source(tmp_path, shared_data)
-    log_path = tmp_path / "checks.jsonl"
+    log_path = tmp_path / "checks.sqlite"
     first, validator = _build(source, log_path)
     assert list(first.status) == ["ok", "ok", "ok", "rejected"]
     assert (validator.decoded, validator.remembered) == (4, 0)
@@ -194,19 +194,21 @@ def test_unchanged_media_are_not_decoded_again(tmp_path, shared_data):
     assert list(changed.status) == ["rejected", "ok", "ok", "rejected"]
     assert "a.mp4" in changed.iloc[0].reason
     assert (validator.decoded, validator.remembered) == (2, 2)
-    remembered = [json.loads(line)["ref"] for line in log_path.read_text().splitlines()]
+    remembered = [ref for ref, _ in MediaCheckLog(log_path, append=False).passes()]
     assert sorted(Path(ref).name for ref in remembered) == ["b.avi", "c.jpg"]
 
 
-def test_a_check_log_cut_short_keeps_what_it_proved(tmp_path, shared_data):
+def test_a_check_log_commits_what_it_proved_while_the_build_goes_on(tmp_path, shared_data, monkeypatch):
+    from vlm_assets.catalog import media_checks
+
+    monkeypatch.setattr(media_checks, "COMMIT_EVERY_S", 0.0)
     source, _ = _media_source(tmp_path, shared_data)
-    log_path = tmp_path / "checks.jsonl"
+    log_path = tmp_path / "checks.sqlite"
     validator = MediaValidator(8, MediaCheckLog(log_path))
     chunks = iter_catalog_chunks(source, "messages", validator, chunk_work=1)
-    next(chunks), next(chunks)  # the build stops after two records
-    validator.check_log.close()
-    with open(log_path, "a") as log:
-        log.write('{"ref": "/half-written')
+    next(chunks), next(chunks)  # two records checked; the build is still open, as one killed now would be
+    # Another process (a reader, as a chunk worker's log is) already sees both passes.
+    assert len(list(MediaCheckLog(log_path, append=False).passes())) == 2
     _, resumed = _build(source, log_path)
     assert (resumed.decoded, resumed.remembered) == (2, 2)
 
@@ -217,88 +219,88 @@ def _two_media_files(folder: Path) -> list[str]:
     return [str(folder / "a.jpg"), str(folder / "b.jpg")]
 
 
-def test_a_check_log_is_rewritten_only_when_it_holds_more_than_the_build_used(tmp_path):
+def _refs(log_path: Path) -> list[str]:
+    return [ref for ref, _ in MediaCheckLog(log_path, append=False).passes()]
+
+
+def test_a_finished_build_keeps_only_the_media_it_used(tmp_path):
     from vlm_assets.catalog.media_checks import media_fingerprint
 
     files = _two_media_files(tmp_path)
-    log_path = tmp_path / "checks.jsonl"
+    log_path = tmp_path / "checks.sqlite"
     log = MediaCheckLog(log_path)
     for ref in files:
         log.record_pass(ref, media_fingerprint(ref, "image"))
     log.compact()
-    written = log_path.read_bytes()
-    inode = log_path.stat().st_ino
+    assert _refs(log_path) == files
 
-    # Every remembered medium used again, one new one checked (appended): the file already says just that.
+    # Every remembered medium used again, one new one checked: all three stay.
     (tmp_path / "c.jpg").write_bytes(b"c")
     files.append(str(tmp_path / "c.jpg"))
     again = MediaCheckLog(log_path)
     assert again.keep_unchanged() == ""
     again.record_pass(files[2], media_fingerprint(files[2], "image"))
     again.compact()
-    assert log_path.stat().st_ino == inode  # not rewritten
-    assert log_path.read_bytes().startswith(written) and len(log_path.read_text().splitlines()) == 3
+    assert _refs(log_path) == files
 
-    # A medium left out of the build is dropped; a checked-again one keeps one line.
+    # A medium left out of the build is dropped; a checked-again one stays.
     (tmp_path / "a.jpg").write_bytes(b"changed a")
     third = MediaCheckLog(log_path)
     assert third.keep_unchanged() == files[0]
     third.record_pass(files[0], media_fingerprint(files[0], "image"))
     third.compact()
-    kept = [json.loads(line)["ref"] for line in log_path.read_text().splitlines()]
-    assert sorted(kept) == [files[0]]  # keep_unchanged stopped at the first change: only a.jpg was used
+    assert _refs(log_path) == [files[0]]  # keep_unchanged stopped at the first change: only a.jpg was used
 
     fourth = MediaCheckLog(log_path)
     assert fourth.passed(files[0], media_fingerprint(files[0], "image"))
+    assert not fourth.passed(files[1], media_fingerprint(files[1], "image"))
     fourth.compact()
-    assert [json.loads(line)["ref"] for line in log_path.read_text().splitlines()] == [files[0]]
+    assert _refs(log_path) == [files[0]]
 
 
 def test_a_check_log_reader_sees_the_passes_and_leaves_what_it_proves_to_be_adopted(tmp_path):
     from vlm_assets.catalog.media_checks import media_fingerprint
 
     files = _two_media_files(tmp_path)
-    log_path = tmp_path / "checks.jsonl"
+    log_path = tmp_path / "checks.sqlite"
     log = MediaCheckLog(log_path)
     log.record_pass(files[0], media_fingerprint(files[0], "image"))
-    lines_before = log_path.read_text()
+    log.close()
 
-    # What a chunk worker in the build's own process reads: the build's passes, without its file.
-    reader = log.reader()
+    # What a chunk worker reads: the build's passes, without ever writing the file.
+    reader = MediaCheckLog(log_path, append=False)
     assert reader.passed(files[0], media_fingerprint(files[0], "image"))
     reader.record_pass(files[1], media_fingerprint(files[1], "image"))
-    assert log_path.read_text() == lines_before  # the reader never writes
-    assert not log.passed(files[1], media_fingerprint(files[1], "image"))  # nor adds to the build's passes
+    assert _refs(log_path) == [files[0]]
     used = reader.take_used()
     assert set(used) == set(files)
+    assert reader.take_used() == {}
 
-    log.adopt(used)  # as the build does with every worker's chunk: the new pass is recorded once
-    log.compact()
-    assert sorted(json.loads(line)["ref"] for line in log_path.read_text().splitlines()) == files
+    build = MediaCheckLog(log_path)
+    build.adopt(used)  # as the build does with every worker's chunk: recorded, and used by this build
+    build.compact()
+    assert _refs(log_path) == files
     assert MediaCheckLog(log_path).passed(files[1], media_fingerprint(files[1], "image"))
 
 
-def test_a_check_log_read_in_parts_gives_every_pass_and_knows_when_it_needs_rewriting(tmp_path, monkeypatch):
-    from vlm_assets.catalog import media_checks
-
-    monkeypatch.setattr(media_checks, "_PARSE_BYTES", 200)  # a few lines per parse
+def test_a_log_of_an_earlier_version_is_taken_over_and_an_unreadable_one_set_aside(tmp_path):
     lines = [json.dumps({"ref": f"/m/{number}.jpg", "fingerprint": f"{number}:1:image@1px"}) for number in range(50)]
-    log_path = tmp_path / "checks.jsonl"
+    legacy = tmp_path / "checks.jsonl"
+    legacy.write_text("\n".join(lines[:20] + ["{cut", *lines[20:]]) + "\n" + lines[10][:15])
+    log = MediaCheckLog(tmp_path / "checks.sqlite")
+    assert all(log.passed(f"/m/{n}.jpg", f"{n}:1:image@1px") for n in range(50))
+    assert not legacy.exists()
+    log.compact()
+    assert len(_refs(tmp_path / "checks.sqlite")) == 50
 
-    def used_in_full(text: str) -> bool:
-        """Whether every pass was read back; then whether the log was rewritten to its 50 lines."""
-        log_path.write_text(text)
-        inode = log_path.stat().st_ino
-        log = MediaCheckLog(log_path)
-        assert all(log.passed(f"/m/{n}.jpg", f"{n}:1:image@1px") for n in range(50))
-        log.compact()
-        assert log_path.read_text() == "\n".join(lines) + "\n"
-        return log_path.stat().st_ino != inode
-
-    assert not used_in_full("\n".join(lines) + "\n")  # already just that: left as it is
-    assert used_in_full("\n".join(lines[:20] + ["{cut", *lines[20:]]) + "\n")  # a bad line mid-way
-    assert used_in_full("\n".join(lines + [lines[3]]) + "\n")  # a ref twice
-    assert used_in_full("\n".join(lines) + "\n" + lines[10][:15])  # a last line cut short
+    broken = tmp_path / "broken.sqlite"
+    broken.write_bytes(b"not a database at all" * 100)
+    assert not MediaCheckLog(broken, append=False).holds_any()  # a reader only finds nothing
+    writer = MediaCheckLog(broken)
+    writer.record_pass("/m/1.jpg", "1:1:image@1px")
+    writer.compact()
+    assert _refs(broken) == ["/m/1.jpg"]
+    assert (tmp_path / "broken.sqlite.unreadable").read_bytes().startswith(b"not a database")
 
 
 def test_a_source_that_changes_or_vanishes_while_read_publishes_no_catalogue(tmp_path):

@@ -49,7 +49,7 @@ def source(tmp_path) -> SourceConfig:
 
 
 def _build(source: SourceConfig, target: Path, processes: int = 1, mark: bool = True):
-    checks = MediaCheckLog(target.with_suffix(".checks.jsonl"))
+    checks = MediaCheckLog(target.with_suffix(".checks.sqlite"))
     return write_catalog(source, target, "messages", MediaValidator(check_log=checks), processes,
                          read_mark=target.with_suffix(".read.json") if mark else None, settings=SETTINGS)
 

@@ -19,7 +19,6 @@ from PIL import Image
 
 from vlm_assets.catalog.build import MediaValidator, build_catalog, iter_catalog_chunks, read_catalog
 from vlm_assets.catalog.lookup import SampleLookup
-from vlm_assets.catalog import media_checks
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
@@ -68,8 +67,8 @@ def catalog(big_source, tmp_path_factory) -> Path:
     return path
 
 
-def test_catalogue_on_two_processes_equals_one_process(big_source, catalog, tmp_path, monkeypatch):
-    checks = tmp_path / "media_checks.jsonl"
+def test_catalogue_on_two_processes_equals_one_process(big_source, catalog, tmp_path):
+    checks = tmp_path / "media_checks.sqlite"
     one = tmp_path / "one.parquet"
     summary = write_catalog(big_source, one, "messages", MediaValidator(check_log=MediaCheckLog(checks)), 1)
     assert one.read_bytes() == catalog.read_bytes()
@@ -85,12 +84,9 @@ def test_catalogue_on_two_processes_equals_one_process(big_source, catalog, tmp_
     # Workers report the media they checked; the build records them once, so a rebuild on two
     # processes decodes nothing and the log still lists every image the catalogue uses.
     again = MediaValidator(check_log=MediaCheckLog(checks))
-    parsed_here, read_log = [], media_checks._read_log
-    monkeypatch.setattr(media_checks, "_read_log", lambda path: parsed_here.append(path) or read_log(path))
     write_catalog(big_source, tmp_path / "again.parquet", "messages", again, 2, chunk_work=CHUNK_ROWS)
-    assert parsed_here == []  # the chunk worker of this process reads the build's log, not its file again
     assert again.decoded == 0 and again.remembered >= 12  # each worker looks its images up once
-    assert len(checks.read_text().splitlines()) == 12
+    assert len(list(MediaCheckLog(checks, append=False).passes())) == 12
     assert (tmp_path / "again.parquet").read_bytes() == catalog.read_bytes()
 
 
@@ -121,14 +117,14 @@ def test_a_big_jsonl_read_in_ranges_by_the_processes_gives_the_one_reader_catalo
     monkeypatch.setattr(build, "RANGE_BYTES", (1024, 2048))
     assert build._read_in_ranges(source, 2, build.JsonlPart()) == 1024
     ranged = tmp_path / "ranged.parquet"
-    checks = MediaCheckLog(tmp_path / "checks.jsonl")
+    checks = MediaCheckLog(tmp_path / "checks.sqlite")
     summary = write_catalog(source, ranged, "messages", MediaValidator(check_log=checks), 2)
     assert ranged.read_bytes() == one.read_bytes()
     frame = read_catalog(ranged)
     assert frame.sample_id.is_unique and summary.samples == 399
     duplicates = sum(reason.startswith("duplicate sample id") for reason in frame.reason)
     assert duplicates == (10 if ids == "all" else 0)  # without ids on all, records are numbered
-    assert len((tmp_path / "checks.jsonl").read_text().splitlines()) == 1  # a.jpg, recorded once
+    assert len(list(MediaCheckLog(tmp_path / "checks.sqlite", append=False).passes())) == 1  # a.jpg
 
 
 class Interrupted(Exception):

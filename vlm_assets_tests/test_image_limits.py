@@ -88,7 +88,7 @@ def test_max_image_pixels_is_per_source_and_a_lower_limit_checks_remembered_imag
     folder.mkdir()
     Image.new("RGB", (300, 200), (10, 20, 30)).save(folder / "a.png")
     _write_record(folder, "a", ["a.png"])
-    log = tmp_path / "checks.jsonl"
+    log = tmp_path / "checks.sqlite"
 
     def build(limit: int) -> tuple[str, str, MediaValidator]:
         validator = MediaValidator(check_log=MediaCheckLog(log))

@@ -291,7 +291,7 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
     # Every output the reference run wrote under its local root is an object at the same relative key.
     expected = [path for path in reference_run.outputs if path.startswith(
         ("catalog/", "lengths/", "packing/", "packed_json/", "packed_wds/", "frame_cache/", "packages/"))
-        and not path.endswith((".media_checks.jsonl", ".read.json"))]
+        and not path.endswith((".media_checks.sqlite", ".read.json"))]
     assert sorted(published) == sorted(expected)
     differing = sorted(key for key in expected if hashlib.sha256(published[key]).hexdigest() != reference_run.outputs[key])
     # What names where the bytes were differs (the sources' catalogues and the reasons of their

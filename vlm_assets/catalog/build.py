@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     from vlm_assets.frames.spool import MosaicSpool
 
 
+# Checks a validator holds the outcome of (a medium named by several records is checked once while
+# held): about 15 MB.
+CHECKS_HELD = 65_536
+
+
 class MediaValidator:
     """Decodes each media file once to prove it is readable; results are cached per ref.
 
@@ -70,8 +75,17 @@ class MediaValidator:
     def error_for(self, ref: str, kind: str) -> str:
         check = self._check_name(kind)
         if (ref, check) not in self._errors:
+            if len(self._errors) >= CHECKS_HELD:
+                self._forget_oldest_checks()
             self._errors[ref, check] = self._check(ref, kind, check)
         return self._errors[ref, check]
+
+    def _forget_oldest_checks(self) -> None:
+        """Drop the older half of the checks held: a medium named again after that is looked up in
+        the check log (or decoded) again, and memory stays the same for any number of media."""
+        for ref, check in list(itertools.islice(self._errors, CHECKS_HELD // 2)):
+            del self._errors[ref, check]
+            self._content_facts.pop(ref, None)
 
     def _check(self, ref: str, kind: str, check: str) -> str:
         fingerprint = None
@@ -307,8 +321,6 @@ def _chunked_by_work(records: Iterator[RawRecord], work_per_chunk: int) -> Itera
 
 # The validator of a chunk worker process (set up by _start_chunk_worker).
 _chunk_worker: dict[str, Any] = {}
-# The check logs of builds running in this process, by path: a chunk worker set up here reads them.
-_open_logs: dict[Path, MediaCheckLog] = {}
 
 
 def _start_chunk_worker(
@@ -316,9 +328,7 @@ def _start_chunk_worker(
     media_copies: MediaCopies | None,
 ) -> None:
     # The worker's log is read-only: it reports its checks with each chunk and the build records them.
-    log = None
-    if check_log is not None:
-        log = _open_logs[check_log].reader() if check_log in _open_logs else MediaCheckLog(check_log, append=False)
+    log = MediaCheckLog(check_log, append=False) if check_log is not None else None
     validator = MediaValidator(num_frames, log, mosaic_spool, source.max_image_pixels, media_copies)
     _chunk_worker.update(source=source.name, text_key=text_key, validator=validator, config=source,
                          scope=SourceScope(source))
@@ -470,18 +480,12 @@ def iter_catalog_chunks(
                 yield [catalog_row(raw, source.name, text_key, validator) for raw in chunk]
             return
         results = ordered_map(_checked_chunk, chunks, processes, _start_chunk_worker, settings)
-    if log is not None:
-        _open_logs[log.path] = log
-    try:
-        for rows, used, decoded, remembered in results:
-            if log is not None:
-                log.adopt(used)
-            validator.decoded += decoded
-            validator.remembered += remembered
-            yield rows
-    finally:
+    for rows, used, decoded, remembered in results:
         if log is not None:
-            _open_logs.pop(log.path, None)
+            log.adopt(used)
+        validator.decoded += decoded
+        validator.remembered += remembered
+        yield rows
 
 
 def build_catalog(source: SourceConfig, text_key: str = "messages", validator: MediaValidator | None = None) -> pd.DataFrame:

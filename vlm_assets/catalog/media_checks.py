@@ -1,22 +1,22 @@
 """Remembered media checks: a file proven readable is not decoded again until it changes.
 
-One JSON-lines log per source. A line is appended as soon as a check passes, so an interrupted
-catalogue build keeps what it already proved; a finished build rewrites the log (atomically) to
-the media it used. Only passes are remembered: a failure may be transient (network storage), so
-it is checked again on the next build.
+One SQLite file per source, a row per medium that passed. Passes are committed every few seconds
+as a build goes, so an interrupted catalogue build keeps what it already proved; a finished build
+deletes the rows of media it no longer used. Only passes are remembered: a failure may be transient
+(network storage), so it is checked again on the next build. The rows stay on disk: a build holds
+none of them in memory, whatever the number of media (a million passes are about 200 MB as Python
+objects, in every process that checks media).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
-from collections import ChainMap
-from collections.abc import MutableMapping
+import sqlite3
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
 
-from vlm_assets.atomic import atomic_write_text
 from vlm_assets.catalog.media import is_object_ref, is_tar_ref, object_facts, tar_member_path
 from vlm_assets.object_store import head
 
@@ -52,49 +52,59 @@ def _identity(ref: str, live: bool = False) -> str:
     return f"{stat.st_size}:{stat.st_mtime_ns}"
 
 
+# Passes recorded are committed at least this often: a kill loses the checks of these seconds at most,
+# and a commit (a sync of the file) per chunk of records would cost seconds per million records.
+COMMIT_EVERY_S = 2.0
+# A writer waits this long for a reader's lookup to end before it commits, and a reader for a commit.
+BUSY_TIMEOUT_S = 60.0
+_SCHEMA = "CREATE TABLE IF NOT EXISTS passes (ref TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, build INTEGER NOT NULL) WITHOUT ROWID"
+_UPSERT = ("INSERT INTO passes (ref, fingerprint, build) VALUES (?, ?, ?) "
+           "ON CONFLICT (ref) DO UPDATE SET fingerprint = excluded.fingerprint, build = excluded.build")
+
+
 class MediaCheckLog:
-    """`append=False`: passes are kept in memory only, for a worker process that reports them
-    (`take_used`) to the build, which records them (`adopt`): one writer appends to the log."""
+    """The check log of one source at `path`.
+
+    `append=True` (the build's own log): passes and uses are written to the file, under this
+    build's number, and `compact` drops the rows this build did not use. `append=False` (a chunk
+    worker's, in any process): the file is only read; passes and uses are kept until `take_used`
+    hands them to the build, which records them (`adopt`): one writer per log.
+    """
 
     def __init__(self, path: Path, append: bool = True) -> None:
         self.path = path
         self.append = append
-        self._passed: MutableMapping[str, str]
-        self._passed, self._file_is_compact = _read_log(path)
-        self._used: dict[str, str] = {}
-        self._appender: TextIO | None = None
+        self._build = time.time_ns()
+        self._connection: sqlite3.Connection | None = None
+        self._committed_at = 0.0
+        self._used: dict[str, str] = {}  # a reader's, until take_used
+        # keep_unchanged used every pass the file held: each row is then this build's or kept.
+        self._kept_all = False
+        self._last: tuple[str, str | None] = ("", None)  # (ref, stored fingerprint) of the last lookup
 
     def passed(self, ref: str, fingerprint: str) -> bool:
         """True when `ref` passed this check before and its file has not changed since."""
-        stored = self._passed.get(ref)
+        stored = self._stored(ref)
         if stored is None or not (stored == fingerprint or stored.startswith(fingerprint + FACTS_SEPARATOR)):
             return False
-        self._used[ref] = stored
+        self._mark_used(ref, stored)
         return True
 
     def holds_any(self) -> bool:
-        return bool(self._passed)
+        connection = self._open()
+        return connection is not None and bool(connection.execute("SELECT 1 FROM passes LIMIT 1").fetchall())
 
     def facts(self, ref: str) -> str:
         """What the pass of `ref` recorded of its content ("" when nothing)."""
-        return self._passed.get(ref, "").partition(FACTS_SEPARATOR)[2]
+        return (self._stored(ref) or "").partition(FACTS_SEPARATOR)[2]
 
     def record_pass(self, ref: str, fingerprint: str) -> None:
-        if not self.append or ref in self._passed:
-            self._file_is_compact = False  # the file no longer holds each pass once, as _passed has it
-        if self.append:
-            if self._appender is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._appender = open(self.path, "a", encoding="utf-8")
-            self._appender.write(json.dumps({"ref": ref, "fingerprint": fingerprint}) + "\n")
-            self._appender.flush()
-        self._passed[ref] = fingerprint
-        self._used[ref] = fingerprint
+        self._mark_used(ref, fingerprint)
 
     def keep_unchanged(self) -> str:
         """Every remembered pass whose file is unchanged counts as used by this build (its rows are
         kept, not checked again); returns the first whose file changed or vanished, or ""."""
-        for ref, fingerprint in self._passed.items():
+        for ref, fingerprint in self.passes():
             if is_object_ref(ref) or (is_tar_ref(ref) and is_object_ref(tar_member_path(ref))):
                 try:
                     identity = _identity(ref, live=True)
@@ -111,82 +121,123 @@ class MediaCheckLog:
             # are a million stat calls, and little else.
             if not fingerprint.startswith(f"{stat.st_size}:{stat.st_mtime_ns}:"):
                 return ref
-        self._used.update(self._passed)
+        self._kept_all = True
         return ""
 
-    def reader(self) -> MediaCheckLog:
-        """A log over this one's passes that never writes its file, as a chunk worker's is, for a
-        worker in this same process: the passes are not parsed (and held) a second time."""
-        reader = copy.copy(self)
-        reader.append, reader._appender, reader._used = False, None, {}
-        reader._passed = ChainMap({}, self._passed)  # what the reader proves stays its own, to be adopted
-        return reader
+    def passes(self) -> Iterator[tuple[str, str]]:
+        """(ref, fingerprint) of every pass the file holds, by ref; read a page at a time."""
+        connection = self._open()
+        if connection is None:
+            return
+        after = ""
+        while rows := connection.execute("SELECT ref, fingerprint FROM passes WHERE ref > ? ORDER BY ref LIMIT 4096",
+                                         (after,)).fetchall():
+            yield from rows
+            after = rows[-1][0]
 
     def take_used(self) -> dict[str, str]:
-        """The checks passed or remembered since the last call."""
+        """The checks passed or remembered since the last call (of a reader)."""
         used, self._used = self._used, {}
         return used
 
     def adopt(self, used: dict[str, str]) -> None:
-        """Take another process's `take_used()`: its new passes are recorded here."""
-        for ref, fingerprint in used.items():
-            if self._passed.get(ref) == fingerprint:
-                self._used[ref] = fingerprint
-            else:
-                self.record_pass(ref, fingerprint)
+        """Take a reader's `take_used()`: its passes are recorded here, and used by this build."""
+        connection = self._open(create=True)
+        connection.executemany(_UPSERT, ((ref, fingerprint, self._build) for ref, fingerprint in used.items()))
+        self._commit_soon()
 
     def compact(self) -> None:
-        """Keep only the media of this build (drops entries of removed or changed files).
-
-        A log that already holds exactly those, one line each (a build that used every medium
-        remembered, as one extending its catalogue does), is left as it is.
-        """
+        """Keep only the media of this build (drops rows of removed or changed files)."""
+        connection = self._open()
+        if connection is not None and self.append and not self._kept_all:
+            connection.execute("DELETE FROM passes WHERE build != ?", (self._build,))
         self.close()
-        if self._file_is_compact and self._used == self._passed:
-            return
-        lines = (json.dumps({"ref": ref, "fingerprint": fingerprint}) + "\n" for ref, fingerprint in self._used.items())
-        atomic_write_text(self.path, "".join(lines))
-        self._passed, self._file_is_compact = dict(self._used), True
 
     def close(self) -> None:
-        if self._appender is not None:
-            self._appender.close()
-            self._appender = None
+        if self._connection is not None:
+            self._commit()
+            self._connection.close()
+            self._connection = None
 
+    def _stored(self, ref: str) -> str | None:
+        if self._last[0] != ref:
+            connection = self._open()
+            # fetchall: the statement ends here, so a reader never holds the file against the writer's commit.
+            rows = connection.execute("SELECT fingerprint FROM passes WHERE ref = ?", (ref,)).fetchall() if connection else []
+            self._last = (ref, rows[0][0] if rows else None)
+        return self._last[1]
 
-# The log is parsed this many bytes of lines at a time: a million-line log read whole would hold its
-# text, its lines and their parse at once (420 MB beside the 430 MB of passes it gives).
-_PARSE_BYTES = 8 << 20
+    def _mark_used(self, ref: str, fingerprint: str) -> None:
+        self._last = (ref, fingerprint)
+        if not self.append:
+            self._used[ref] = fingerprint
+            return
+        self._open(create=True).execute(_UPSERT, (ref, fingerprint, self._build))
+        self._commit_soon()
 
-
-def _read_log(path: Path) -> tuple[dict[str, str], bool]:
-    """The passes a log holds, and whether it holds each once, on whole lines."""
-    if not path.is_file():
-        return {}, True
-    passed: dict[str, str] = {}
-    lines_read, compact = 0, True
-    with open(path, encoding="utf-8") as handle:
-        while lines := handle.readlines(_PARSE_BYTES):
-            lines_read += len(lines)
-            compact = _parse_lines(lines, passed) and compact and lines[-1].endswith("\n")
-    return passed, compact and len(passed) == lines_read
-
-
-def _parse_lines(lines: list[str], passed: dict[str, str]) -> bool:
-    """Add the passes of `lines` to `passed`; False when a line is not a pass (it is skipped)."""
-    try:
-        # One parse of many lines runs at C speed (a big source's log holds millions of lines).
-        entries = json.loads("[" + ",".join(lines) + "]")
-        batch = {entry["ref"]: entry["fingerprint"] for entry in entries}
-        if all(isinstance(value, str) for value in batch.values()):
-            passed.update(batch)
-            return True
-    except (ValueError, KeyError, TypeError):
-        pass
-    for line in lines:
+    def _open(self, create: bool = False) -> sqlite3.Connection | None:
+        """The connection, opened on first use; None for a log with no file yet, unless `create`
+        (only the writer creates one)."""
+        if self._connection is not None:
+            return self._connection
+        if not self.path.is_file():
+            # A log of an earlier version is taken over by the writer (see _import_json_lines_log).
+            if not (self.append and (create or _legacy_log(self.path).is_file())):
+                return None
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            entry = json.loads(line)
-            passed[entry["ref"]] = entry["fingerprint"]
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut short by an interrupted build: that check simply runs again
-    return False
+            self._connection = _connect(self.path, self.append)
+        except sqlite3.DatabaseError:
+            if not self.append:
+                return None
+            # Not a log this version can read (cut short by a crash of the machine, or another file):
+            # it is only a cache of checks, so they are made again.
+            self.path.replace(self.path.with_name(self.path.name + ".unreadable"))
+            self._connection = _connect(self.path, self.append)
+        return self._connection
+
+    def _commit_soon(self) -> None:
+        if time.monotonic() - self._committed_at >= COMMIT_EVERY_S:
+            self._commit()
+
+    def _commit(self) -> None:
+        if self._connection is not None and self._connection.in_transaction:
+            self._connection.commit()
+        self._committed_at = time.monotonic()
+
+
+def _connect(path: Path, writer: bool) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+    # The writer's transactions hold passes for COMMIT_EVERY_S; a reader's statements end at once.
+    connection.execute("PRAGMA synchronous = NORMAL")
+    if writer:
+        # Room for the passes of COMMIT_EVERY_S: a transaction that outgrows the cache locks readers out.
+        connection.execute("PRAGMA cache_size = -16384")
+        connection.execute(_SCHEMA)
+        _import_json_lines_log(connection, _legacy_log(path))
+        connection.commit()
+    else:
+        connection.execute("SELECT 1 FROM passes LIMIT 1").fetchall()  # raises DatabaseError if it is no log
+    return connection
+
+
+def _legacy_log(path: Path) -> Path:
+    """Where an earlier version kept the log now at `path` (`<source>.media_checks.jsonl`; never `path` itself)."""
+    legacy = path.with_suffix(".jsonl")
+    return legacy if legacy != path else path.with_name(path.name + ".jsonl")
+
+
+def _import_json_lines_log(connection: sqlite3.Connection, legacy: Path) -> None:
+    """Take over the passes of a log written by an earlier version (JSON lines, `{"ref", "fingerprint"}`
+    each), so an upgrade does not decode every medium again; the old file goes once they are in."""
+    if not legacy.is_file():
+        return
+    with open(legacy, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                entry = json.loads(line)
+                connection.execute(_UPSERT, (str(entry["ref"]), str(entry["fingerprint"]), 0))
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by an interrupted build: that check simply runs again
+    connection.commit()
+    legacy.unlink()
