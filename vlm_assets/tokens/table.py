@@ -45,6 +45,7 @@ from vlm_assets.tokens.lengths import (
     measure_samples,
 )
 from vlm_assets.tokens.profile import ProcessorProfile, length_counter, processor_profile, stored_modalities
+from vlm_assets.tokens.processor import processor_fingerprint
 from vlm_assets.tokens.text import SpecText, TextCounter, stored_text_spec
 
 LENGTH_CHUNK_ROWS = STORE_ROWS
@@ -118,6 +119,7 @@ class _ChunkMeasurer:
 
     def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool) -> None:
         self.model, self.frame_cache, self.reject_control_tokens = model, frame_cache, reject_control_tokens
+        self.settings = (processor_fingerprint(model), model, frame_cache, reject_control_tokens)
         spec, modalities = stored_text_spec(model), stored_modalities(model, frame_cache)
         self._exact: LengthCounter | None = None
         if spec is None or modalities is None:
@@ -155,7 +157,11 @@ _measurer: _ChunkMeasurer | None = None
 
 def _start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool) -> None:
     global _measurer
-    _measurer = _ChunkMeasurer(model, frame_cache, reject_control_tokens)
+    # Kept for the next run in this process (a worker measures chunk after chunk): building it parses
+    # the stored text spec and a tokenizer, a second of work and memory that each run left behind.
+    # Its processor's files are part of the key: a processor edited in place has a text spec of its own.
+    if _measurer is None or _measurer.settings != (processor_fingerprint(model), model, frame_cache, reject_control_tokens):
+        _measurer = _ChunkMeasurer(model, frame_cache, reject_control_tokens)
 
 
 def _measure_rows(catalog_rows: list[dict]) -> list[LengthResult | MeasuredSample]:
