@@ -104,12 +104,39 @@ def walk_source(source: SourceConfig, excluded: Iterable[Path]) -> SourceFiles:
     entries = [entry for root in sorted(by_root) for entry in by_root[root]]
     limits = [[str(root) for root in source.allowed_roots], source.max_record_bytes, source.max_json_depth,
               source.max_image_pixels]
-    # Paths are unique but where roots overlap: ordering by path alone is the order of the entries
-    # themselves, at a third of the cost of comparing them whole (seconds for a million files).
-    unique = list(dict.fromkeys(entries))
-    unique.sort(key=itemgetter(0))
+    # Ordering by path alone is the order of the entries themselves (a path is listed twice only where
+    # roots overlap, alike), at a third of the cost of comparing them whole (seconds for a million files).
+    entries.sort(key=itemgetter(0))
     snapshot = _snapshot(entry for root in _snapshot_roots(source) for entry in by_root[root])
-    return SourceFiles(digest(source.kind, str(source.path), str(source.media_root), limits, unique), snapshot)
+    return SourceFiles(_walk_digest([source.kind, str(source.path), str(source.media_root), limits], entries), snapshot)
+
+
+_DIGEST_BATCH = 65_536
+
+
+def _walk_digest(head: list[Any], entries: list[tuple[str, int, int]]) -> str:
+    """`digest(*head, unique)` of the sorted `entries` with repeats dropped, hashed a batch of entries
+    at a time: the JSON of a million entries at once took seconds and a copy of them as text."""
+    hasher = hashlib.sha256(json.dumps(head, sort_keys=True, default=str)[:-1].encode() + b", [")
+    previous: tuple[str, int, int] | None = None
+    separator = ""
+    for start in range(0, len(entries), _DIGEST_BATCH):
+        parts = []
+        for entry in entries[start:start + _DIGEST_BATCH]:
+            if entry == previous:
+                continue
+            path, size, mtime = previous = entry
+            parts.append(f'["{path}", {size}, {mtime}]' if _plain(path) else json.dumps([path, size, mtime]))
+        if parts:
+            hasher.update((separator + ", ".join(parts)).encode())
+            separator = ", "
+    hasher.update(b"]]")
+    return hasher.hexdigest()[:20]
+
+
+def _plain(text: str) -> bool:
+    """Whether JSON spells `text` as it is, between quotes."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
 
 
 def _walk_object_source(source: SourceConfig) -> SourceFiles:
@@ -173,27 +200,45 @@ def _tree_entries(root: Path, skip: set[str]) -> list[tuple[str, int, int]]:
     # A plain file is an excluded one only if its name is: resolving every file's path would cost
     # more than the rest of the walk (a source holds millions of images).
     skipped_names = {os.path.basename(path) for path in skip}
-    entries = []
-    for directory, subdirectories, files in os.walk(root, followlinks=True):
-        subdirectories[:] = sorted(
-            name for name in subdirectories
-            if not name.startswith(".") and os.path.realpath(os.path.join(directory, name)) not in skip
-        )
-        for name in files:
-            if name.startswith("."):
-                continue
-            path = os.path.join(directory, name)
-            try:
-                info = os.lstat(path)
-                if S_ISLNK(info.st_mode) or name in skipped_names:
-                    if os.path.realpath(path) in skip:
-                        continue
-                    info = os.stat(path)
-            except OSError:
-                entries.append((path, -1, -1))  # a dangling link still counts: its rejection is an output
-                continue
-            entries.append((path, info.st_size, info.st_mtime_ns))
+    entries: list[tuple[str, int, int]] = []
+    pending = [str(root)]
+    while pending:
+        folders: list[str] = []
+        try:
+            # The listing's own entries (no path joined and parsed again per file): a third faster
+            # than os.walk with an lstat per file, for a million media files.
+            with os.scandir(pending.pop()) as listing:
+                for entry in listing:
+                    _add_entry(entry, skip, skipped_names, entries, folders)
+        except OSError:
+            continue  # an unreadable folder, as os.walk skips it
+        pending.extend(sorted(folders, reverse=True))
     return entries
+
+
+def _add_entry(entry: os.DirEntry, skip: set[str], skipped_names: set[str], entries: list[tuple[str, int, int]],
+               folders: list[str]) -> None:
+    """A folder (symlinked ones too) to `folders`, a file's (path, size, mtime) to `entries`."""
+    try:
+        is_folder = entry.is_dir()
+    except OSError:
+        is_folder = False
+    if is_folder:
+        if not entry.name.startswith(".") and os.path.realpath(entry.path) not in skip:
+            folders.append(entry.path)
+        return
+    if entry.name.startswith("."):
+        return
+    try:
+        info = entry.stat(follow_symlinks=False)
+        if S_ISLNK(info.st_mode) or entry.name in skipped_names:
+            if os.path.realpath(entry.path) in skip:
+                return
+            info = os.stat(entry.path)
+    except OSError:
+        entries.append((entry.path, -1, -1))  # a dangling link still counts: its rejection is an output
+        return
+    entries.append((entry.path, info.st_size, info.st_mtime_ns))
 
 
 class Fingerprints:

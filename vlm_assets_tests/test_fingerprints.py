@@ -190,3 +190,28 @@ def _written(site: Path, config: dict[str, Any]) -> Path:
     path = site / "vlm_assets.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def test_a_source_walk_digests_every_file_once_by_path_name_size_and_mtime(tmp_path):
+    """The digest is the one of the sorted listing as JSON, spelled out in full (an upgrade must not
+    make every source look changed), for names JSON must escape and for a manifest its media root holds."""
+    from stat import S_ISREG
+
+    from vlm_assets.config import SourceConfig
+    from vlm_assets.fingerprints import digest, walk_source
+
+    media = tmp_path / "media"
+    (media / "nested" / "deeper").mkdir(parents=True)
+    names = ["a.jpg", 'quote".jpg', "back\\slash.jpg", "é-accent.jpg", "tab\tname.jpg", "nested/b.png",
+             "nested/deeper/c.png", ".hidden.jpg", "train.jsonl"]
+    for number, name in enumerate(names):
+        (media / name).write_bytes(b"x" * number)
+    (media / "nested" / "link.png").symlink_to(media / "a.jpg")
+    source = SourceConfig("s", "jsonl", media / "train.jsonl", media)  # the manifest is walked from both roots
+
+    listed = sorted((str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in media.rglob("*")
+                    if S_ISREG(path.stat().st_mode) and not path.name.startswith("."))
+    limits = [[], source.max_record_bytes, source.max_json_depth, source.max_image_pixels]
+    walked = walk_source(source, [])
+    assert walked.digest == digest("jsonl", str(source.path), str(media), limits, listed)
+    assert len(listed) == 9  # the link counts, as the file it leads to; the hidden file does not
