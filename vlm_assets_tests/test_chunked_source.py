@@ -436,3 +436,27 @@ def test_rows_with_ids_reads_just_those_rows_in_table_order(catalog):
     assert [row["sample_id"] for row in rows] == expected.sample_id.tolist()
     assert [row["messages"] for row in rows] == expected.messages.tolist()
     assert [row["media_refs"] for row in rows] == [list(refs) for refs in expected.media_refs]
+
+
+def test_a_chunk_whose_image_sizes_were_counted_before_needs_no_processor(big_source, catalog, tmp_path, monkeypatch):
+    from vlm_assets.tokens import profile
+    from vlm_assets.tokens.profile import stored_media_tokens
+
+    whole = tmp_path / "whole.parquet"
+    write_length_table(catalog, whole, MODEL, FRAME_CACHE, 1, chunk_rows=CHUNK_ROWS)  # loads the processor
+    counter = LengthCounter(shared_processor(MODEL), FRAME_CACHE)
+    stored = stored_media_tokens(MODEL, FRAME_CACHE)
+    sizes = {(height, width) for path in Path(big_source.media_root).glob("*.jpg") for width, height in [Image.open(path).size]}
+    used = {size for size in sizes if size in stored.by_size}
+    assert used and all(stored.by_size[size] == counter.image_tokens_for_size(*size) for size in used)
+
+    def no_processor(_model):
+        raise AssertionError("the processor was loaded")
+
+    monkeypatch.setattr(profile, "shared_processor", no_processor)
+    rows = range(0, 2 * CHUNK_ROWS)
+    summary = write_length_table(catalog, None, MODEL, FRAME_CACHE, 1, chunk_rows=CHUNK_ROWS,
+                                 store=ChunkStore(tmp_path / "chunks", settings="s"), rows=rows)
+    assert summary.profile is None
+    expected = pd.read_parquet(whole).iloc[rows.start:rows.stop].query("status == @STATUS_OK").token_len
+    assert list(summary.ok_token_lens) == list(expected)

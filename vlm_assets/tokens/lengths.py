@@ -275,17 +275,29 @@ class LengthCounter:
 
     def complete(self, measured: MeasuredSample) -> LengthResult:
         """The length of a measured sample: its text tokens plus the processor's image and video tokens."""
-        if measured.error:
-            return LengthResult.rejected(measured.sample_id, measured.error)
-        try:
-            image_total = sum(self.image_tokens_for_size(*size) for size in measured.image_sizes)
-            video_total = measured.videos * self.video_tokens_per_clip if measured.videos else 0
-        except Exception as error:  # same failure classes as the exact path
-            return LengthResult.rejected(measured.sample_id, f"{type(error).__name__}: {error}")
-        return LengthResult(
-            measured.sample_id, STATUS_OK, "", measured.text_tokens + image_total + video_total,
-            measured.text_tokens, image_total, video_total,
-        )
+        return completed_length(measured, self.image_tokens_for_size, lambda: self.video_tokens_per_clip)
+
+    @property
+    def image_tokens_by_size(self) -> dict[tuple[int, int], int]:
+        """The image tokens of every (height, width) this counter has counted."""
+        return dict(self._tokens_by_size)
+
+
+def completed_length(measured: MeasuredSample, image_tokens_for_size: Callable[[int, int], int],
+                     video_tokens_per_clip: Callable[[], int]) -> LengthResult:
+    """The length of a measured sample: its text tokens plus the image and video tokens the
+    processor's arithmetic gives (from the processor, or as it gave them before)."""
+    if measured.error:
+        return LengthResult.rejected(measured.sample_id, measured.error)
+    try:
+        image_total = sum(image_tokens_for_size(*size) for size in measured.image_sizes)
+        video_total = measured.videos * video_tokens_per_clip() if measured.videos else 0
+    except Exception as error:  # same failure classes as the exact path
+        return LengthResult.rejected(measured.sample_id, f"{type(error).__name__}: {error}")
+    return LengthResult(
+        measured.sample_id, STATUS_OK, "", measured.text_tokens + image_total + video_total,
+        measured.text_tokens, image_total, video_total,
+    )
 
 
 def _token_ids(processor: Any, kind: str) -> list[int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import tempfile
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from vlm_assets.frames.probe import SampledFrames, sample_indices
 from vlm_assets.tokens.lengths import (
     LengthCounter,
     LengthResult,
+    MeasuredSample,
     Modalities,
     SampleForLength,
     measure_samples,
@@ -179,6 +181,56 @@ def _probe_sample(number: int, turns: list[dict[str, str]], refs: list[str]) -> 
 
 def _counts(result: LengthResult) -> tuple[str, int, int, int, int]:
     return result.status, result.token_len, result.text_tokens, result.image_tokens, result.video_tokens
+
+
+# Sizes a media-token table keeps: a source of photos of every size cannot grow it without bound.
+MEDIA_TOKEN_SIZES = 200_000
+
+
+@dataclass(frozen=True)
+class MediaTokens:
+    """Image tokens per (height, width) and video tokens per clip, as a processor counted them before:
+    a chunk whose samples need no other sizes is completed without loading the processor (seconds)."""
+
+    by_size: dict[tuple[int, int], int]
+    per_clip: int | None = None
+
+    def covers(self, measured: MeasuredSample) -> bool:
+        return (all(size in self.by_size for size in measured.image_sizes)
+                and (not measured.videos or self.per_clip is not None))
+
+    def image_tokens(self, height: int, width: int) -> int:
+        return self.by_size[height, width]
+
+    def tokens_per_clip(self) -> int:
+        assert self.per_clip is not None, "covers() says whether the videos' count is known"
+        return self.per_clip
+
+
+def stored_media_tokens(model: ModelConfig, frame_cache: FrameCacheConfig) -> MediaTokens:
+    try:
+        fields = json.loads(_media_tokens_path(model, frame_cache).read_text(encoding="utf-8"))
+        by_size = {(int(height), int(width)): int(tokens) for height, width, tokens in fields["images"]}
+        return MediaTokens(by_size, fields["per_clip"])
+    except (FileNotFoundError, json.JSONDecodeError, TypeError, KeyError, ValueError):
+        return MediaTokens({})
+
+
+def store_media_tokens(model: ModelConfig, frame_cache: FrameCacheConfig, counter: LengthCounter) -> None:
+    """Add what `counter` counted to the stored table (processes racing may drop each other's
+    additions: they are counted again, by a processor, when next needed)."""
+    stored = stored_media_tokens(model, frame_cache)
+    by_size = {**stored.by_size, **counter.image_tokens_by_size}
+    per_clip = counter.video_tokens_per_clip if counter.modalities.fast_videos else stored.per_clip
+    if len(by_size) == len(stored.by_size) and per_clip == stored.per_clip:
+        return
+    images = [[height, width, tokens] for (height, width), tokens in list(by_size.items())[:MEDIA_TOKEN_SIZES]]
+    _store(_media_tokens_path(model, frame_cache), {"images": images, "per_clip": per_clip})
+
+
+def _media_tokens_path(model: ModelConfig, frame_cache: FrameCacheConfig) -> Path:
+    # The library's version too: its arithmetic may change while the processor's files do not.
+    return _profile_path(model, frame_cache).with_suffix(f".media-tokens-{version('transformers')}.json")
 
 
 def _profile_path(model: ModelConfig, frame_cache: FrameCacheConfig) -> Path:

@@ -41,10 +41,18 @@ from vlm_assets.tokens.lengths import (
     MeasuredSample,
     Modalities,
     SampleForLength,
+    completed_length,
     fast_path_counts,
     measure_samples,
 )
-from vlm_assets.tokens.profile import ProcessorProfile, length_counter, processor_profile, stored_modalities
+from vlm_assets.tokens.profile import (
+    ProcessorProfile,
+    length_counter,
+    processor_profile,
+    store_media_tokens,
+    stored_media_tokens,
+    stored_modalities,
+)
 from vlm_assets.tokens.processor import processor_fingerprint
 from vlm_assets.tokens.text import SpecText, TextCounter, stored_text_spec
 
@@ -65,7 +73,7 @@ class LengthTableSummary:
     samples: int
     processes: int
     ok_token_lens: np.ndarray  # token_len of every ok row, in table order
-    profile: ProcessorProfile
+    profile: ProcessorProfile | None  # None: no processor was loaded (a chunk completed from stored media tokens)
     reused_rows: int = 0  # rows whose lengths came from the chunk store, not measured again
 
 
@@ -170,16 +178,29 @@ def _measure_rows(catalog_rows: list[dict]) -> list[LengthResult | MeasuredSampl
 
 
 class _CounterLoad:
-    """This process's LengthCounter, loaded in a thread while chunks are measured; keeps the text spec."""
+    """This process's LengthCounter, loaded in a thread while chunks are measured; keeps the text spec.
+
+    With `eager` false it is loaded only when a measured sample needs a size (or a video count) that
+    the stored media tokens (tokens.profile.MediaTokens) do not hold: a chunk of an appended source
+    is then completed without the processor's few seconds of loading.
+    """
 
     def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool,
-                 on_loaded: OnProcessorLoaded | None) -> None:
+                 on_loaded: OnProcessorLoaded | None, eager: bool = True) -> None:
         self._args = (model, frame_cache, reject_control_tokens)
         self._on_loaded = on_loaded
         self._counter: LengthCounter | None = None
         self._error: BaseException | None = None
+        self.media_tokens = stored_media_tokens(model, frame_cache)
         self._thread = threading.Thread(target=self._load, name="processor-load", daemon=True)
-        self._thread.start()
+        self.started = False
+        if eager or not self.media_tokens.by_size:
+            self._start()
+
+    def _start(self) -> None:
+        if not self.started:
+            self.started = True
+            self._thread.start()
 
     def _load(self) -> None:
         try:
@@ -194,11 +215,19 @@ class _CounterLoad:
         return not self._thread.is_alive()
 
     def counter(self) -> LengthCounter:
+        self._start()
         self._thread.join()
         if self._error is not None:
             raise self._error
         assert self._counter is not None
         return self._counter
+
+    def complete(self, item: LengthResult | MeasuredSample) -> LengthResult:
+        if not isinstance(item, MeasuredSample):
+            return item
+        if self.media_tokens.covers(item):
+            return completed_length(item, self.media_tokens.image_tokens, self.media_tokens.tokens_per_clip)
+        return self.counter().complete(item)
 
 
 def write_length_table(
@@ -241,7 +270,9 @@ def write_length_table(
     # A pool costs a start-up (a processor load where no text spec is stored); one chunk is not worth it.
     processes = processes if total > chunk_rows else 1
     done, reused, ok_lengths = 0, 0, []
-    load = _CounterLoad(model, frame_cache, reject_control_tokens, on_processor_loaded)
+    # A table of the whole source reports its processor (and its check loads it anyway); a chunk needs it only for what
+    # the stored media tokens lack.
+    load = _CounterLoad(model, frame_cache, reject_control_tokens, on_processor_loaded, eager=target is not None)
     # Chunks in table order waiting for the processor (measured ones: seconds' worth), so the pool stays fed.
     waiting: list[tuple[str, pa.Table | list[LengthResult | MeasuredSample]]] = []
     with contextlib.ExitStack() as outputs:
@@ -255,8 +286,7 @@ def write_length_table(
                 table = chunk
                 reused += table.num_rows
             else:
-                counter = load.counter()
-                rows = [astuple(counter.complete(item) if isinstance(item, MeasuredSample) else item) for item in chunk]
+                rows = [astuple(load.complete(item)) for item in chunk]
                 table = pa.table(dict(zip(LENGTH_COLUMNS, zip(*rows))), schema=LENGTH_SCHEMA)
                 if store is not None:
                     store.save(key, table)
@@ -287,7 +317,11 @@ def write_length_table(
     if store is not None and target is not None:
         store.keep_only(used_keys)
     lengths = np.concatenate(ok_lengths) if ok_lengths else np.zeros(0, dtype=np.int64)
-    return LengthTableSummary(total, processes, lengths, processor_profile(load.counter()), reused)
+    profile = None
+    if load.started:
+        store_media_tokens(model, frame_cache, load.counter())
+        profile = processor_profile(load.counter())
+    return LengthTableSummary(total, processes, lengths, profile, reused)
 
 
 def sample_kind(media_kinds: list[str]) -> str:

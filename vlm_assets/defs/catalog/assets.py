@@ -263,6 +263,7 @@ def sample_lengths(
         summary = _measure_lengths(context, vlm_config, source, path)
         published = vlm_config.publish(context, "sample_lengths")
     profile = summary.profile
+    assert profile is not None, "a source's whole table loads its processor"
     lengths = summary.ok_token_lens
     return dg.MaterializeResult(**versioned({
         "path": dg.MetadataValue.path(str(path)),
