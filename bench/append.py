@@ -22,7 +22,10 @@ records appended to the manifest and each site built again:
 
 Prints, per site, the first build's and the rebuild's wall time, the rebuild's seconds inside each
 asset's runs (from the instance's run records), and how many of the first build's shards the
-rebuild rewrote (a changed modification time).
+rebuild rewrote (a changed modification time). With --repeats N each site is saved after its first
+build (its shards as hard links: a build never rewrites a shard in place) and rebuilt N times from
+that saved state, sites alternating; the medians are printed, the rebuild's share of the first build
+beside them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -97,6 +101,26 @@ def shard_times(site: Path) -> dict[str, int]:
     return {path.name: path.stat().st_mtime_ns for path in sorted((site / "vlm_data" / "packed_wds" / "images").glob("*.tar"))}
 
 
+def _link_shards(source: str, target: str) -> None:
+    if source.endswith(".tar"):
+        os.link(source, target)
+    else:
+        shutil.copy2(source, target)
+
+
+def save_site(source: Path, target: Path) -> None:
+    """`target` made a copy of the site folder `source` (times kept), its shards hard-linked."""
+    shutil.rmtree(target, ignore_errors=True)
+    shards = source / "vlm_data" / "packed_wds"
+
+    def copy(path: str, names: list[str]) -> list[str]:
+        return ["packed_wds"] if Path(path) == shards.parent else []
+
+    shutil.copytree(source, target, symlinks=True, ignore=copy)
+    if shards.is_dir():
+        shutil.copytree(shards, target / "vlm_data" / "packed_wds", symlinks=True, copy_function=_link_shards)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=100_000, help="records in the first manifest")
@@ -104,6 +128,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--sites", default=",".join(SITES), help=f"comma-separated, of {', '.join(SITES)}")
     parser.add_argument("--kind", choices=("jsonl", "flat_dir"), default="jsonl", help="the source's kind")
+    parser.add_argument("--repeats", type=int, default=1, help="rebuilds of each site from its saved first build")
     args = parser.parse_args()
     sites = [name for name in SITES if name in args.sites.split(",")]
     extra = max(1, int(args.samples * args.append_share))
@@ -127,24 +152,36 @@ def main() -> int:
 
     # The largest resident set any one process of the runs had (getrusage of waited-for descendants).
     print(f"peak RSS of one process, first builds: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB")
-    print(f"\n{'site':<13} {'first build':>12} {'rebuild':>9}  " + "  ".join(f"{step:>16}" for step in STEPS)
+    for name in sites:
+        save_site(OUT / "sites" / name, OUT / "saved" / name)
+    rebuilds: dict[str, list[Measured]] = {name: [] for name in sites}
+    rewritten: dict[str, str] = {}
+    for _ in range(args.repeats):
+        for name in sites:
+            site = OUT / "sites" / name
+            save_site(OUT / "saved" / name, site)
+            if name == "before":
+                (site / "vlm_data" / "catalog" / "images.read.json").unlink()
+                shutil.rmtree(site / "vlm_data" / "spool" / "lengths")
+            if name == "append-reread":
+                shutil.rmtree(site / "vlm_data" / "spool" / "shards")
+                shutil.rmtree(site / "vlm_data" / "spool" / "energon")
+            shards_before = shard_times(site)
+            write_records(site, args.kind, lines[args.samples:], args.samples, inputs / "media")
+            rebuilds[name].append(build(site, args.workers))
+            after = shard_times(site)
+            changed = sum(1 for shard, mtime in shards_before.items() if after.get(shard) != mtime)
+            rewritten[name] = f"{changed} of {len(shards_before)} (now {len(after)})"
+    print(f"\n{'site':<13} {'first build':>12} {'rebuild':>9} {'share':>6}  " + "  ".join(f"{step:>16}" for step in STEPS)
           + f"  {'outside runs':>12}  shards rewritten")
     for name in sites:
-        site = OUT / "sites" / name
-        if name == "before":
-            (site / "vlm_data" / "catalog" / "images.read.json").unlink()
-            shutil.rmtree(site / "vlm_data" / "spool" / "lengths")
-        if name == "append-reread":
-            shutil.rmtree(site / "vlm_data" / "spool" / "shards")
-            shutil.rmtree(site / "vlm_data" / "spool" / "energon")
-        shards_before = shard_times(site)
-        write_records(site, args.kind, lines[args.samples:], args.samples, inputs / "media")
-        rebuild = build(site, args.workers)
-        after = shard_times(site)
-        rewritten = sum(1 for shard, mtime in shards_before.items() if after.get(shard) != mtime)
-        steps = "  ".join(f"{rebuild.in_runs.get(step, 0.0):>15.1f}s" for step in STEPS)
-        print(f"{name:<13} {first[name].wall:>11.1f}s {rebuild.wall:>8.1f}s  {steps}  {rebuild.outside_runs:>11.1f}s  "
-              f"{rewritten} of {len(shards_before)} (now {len(after)})")
+        wall = statistics.median(measured.wall for measured in rebuilds[name])
+        steps = "  ".join(f"{statistics.median(m.in_runs.get(step, 0.0) for m in rebuilds[name]):>15.1f}s" for step in STEPS)
+        outside = statistics.median(measured.outside_runs for measured in rebuilds[name])
+        print(f"{name:<13} {first[name].wall:>11.1f}s {wall:>8.1f}s {wall / first[name].wall:>6.1%}  {steps}  "
+              f"{outside:>11.1f}s  {rewritten[name]}")
+        if args.repeats > 1:
+            print(f"{'':<13} rebuilds: {', '.join(f'{measured.wall:.1f}s' for measured in rebuilds[name])}")
     return 0
 
 
