@@ -208,7 +208,9 @@ def _write_samples(
                 for shard, samples in planned:
                     in_flight.append(pool.submit(_write_planned, directory, shard, samples, None if remote else on_sample,
                                                  media_copies))
-                    if len(in_flight) >= 2 * (store_reading_processes(threads) if remote else threads):
+                    # One shard waiting beside those being written keeps the writers busy; each planned
+                    # shard holds its records' text (tens of MB), so no more wait.
+                    if len(in_flight) > (store_reading_processes(threads) if remote else threads):
                         finished(in_flight.popleft())
                 while in_flight:
                     finished(in_flight.popleft())
