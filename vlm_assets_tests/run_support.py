@@ -13,6 +13,7 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
+from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.config import load_config
 from vlm_assets.layout import StorageLayout
 from vlm_assets.locks import LOCK_DIR
@@ -66,12 +67,25 @@ def snapshot(root: Path) -> dict[str, str]:
     digests = {}
     layout = StorageLayout(root)
     stamp_records = {layout.checked_shards("-").parent, layout.energon_prepared("-").parent}
+    check_logs = layout.media_checks("").name
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root)
         if relative.parts[0] == LOCK_DIR or path == layout.owner or path.parent in stamp_records or not path.is_file():
             continue
+        if path.name.endswith(check_logs):
+            # A SQLite file's pages depend on the order and the builds its rows were written in: its rows are compared.
+            digests[str(relative)] = _check_log_digest(path)
+            continue
         digests[str(relative)] = hashlib.sha256(path.read_bytes()).hexdigest()
     return digests
+
+
+def _check_log_digest(path: Path) -> str:
+    log = MediaCheckLog(path, append=False)
+    try:
+        return hashlib.sha256("".join(f"{ref}\t{fingerprint}\n" for ref, fingerprint in log.passes()).encode()).hexdigest()
+    finally:
+        log.close()
 
 
 def differences(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
