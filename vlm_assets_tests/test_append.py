@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from vlm_assets.packing.energon_loader import load_all_ids
-from vlm_assets.packing.plan import PackingInputError, plan_packing
+from vlm_assets.packing.plan import PackingInputError
 from vlm_assets.packing.records import kept_records
 from vlm_assets.packing.wds import list_shards
+from vlm_assets_tests.packing_support import pack_frames
 from vlm_assets_tests.run_support import run
 
 
@@ -29,21 +30,27 @@ def _frames(ids: list[str], lengths: list[int]) -> tuple[pd.DataFrame, pd.DataFr
     return catalog, pd.DataFrame({"sample_id": ids, "status": "ok", "reason": "", "token_len": lengths})
 
 
-def test_kept_bins_stay_first_and_only_new_samples_are_packed_after_them():
-    first = plan_packing(*_frames(["a", "b", "c"], [60, 50, 30]), "packed_multi_mix_qa", 100)
-    grown = plan_packing(*_frames(["a", "b", "c", "d", "e"], [60, 50, 30, 40, 70]), "packed_multi_mix_qa", 100,
-                         kept_bins=first.bins)
+def test_kept_bins_stay_first_and_only_new_samples_are_packed_after_them(tmp_path):
+    first = pack_frames(*_frames(["a", "b", "c"], [60, 50, 30]), tmp_path, "packed_multi_mix_qa", 100)
+    kept = first.bins_path.read_bytes()
+    grown = pack_frames(*_frames(["a", "b", "c", "d", "e"], [60, 50, 30, 40, 70]), tmp_path, "packed_multi_mix_qa", 100,
+                        append=True)
     assert grown.bins.iloc[:len(first.bins)].to_dict("list") == first.bins.to_dict("list")
     new = grown.bins.iloc[len(first.bins):]
     assert sorted(sample for ids in new["sample_ids"] for sample in ids) == ["d", "e"]
     assert list(grown.bins["bin_id"]) == list(range(len(grown.bins)))
+    assert (grown.outcome.bins_kept, grown.outcome.packed) == (len(first.bins), 5)
 
-    with pytest.raises(PackingInputError, match="no longer in the catalogue.*packing.mode: full"):
-        plan_packing(*_frames(["a", "c"], [60, 30]), "packed_multi_mix_qa", 100, kept_bins=first.bins)
-    with pytest.raises(PackingInputError, match="its length is now 55, was 50"):
-        plan_packing(*_frames(["a", "b", "c"], [60, 55, 30]), "packed_multi_mix_qa", 100, kept_bins=first.bins)
-    with pytest.raises(PackingInputError, match="over max_token_len 70"):
-        plan_packing(*_frames(["a", "b", "c"], [60, 50, 30]), "packed_multi_mix_qa", 70, kept_bins=first.bins)
+    def refused(ids: list[str], lengths: list[int], max_token_len: int, reason: str) -> None:
+        first.bins_path.write_bytes(kept)
+        with pytest.raises(PackingInputError, match=reason):
+            pack_frames(*_frames(ids, lengths), tmp_path, "packed_multi_mix_qa", max_token_len, append=True)
+        assert first.bins_path.read_bytes() == kept  # nothing written
+
+    refused(["a", "c"], [60, 30], 100, "b: no longer in the catalogue.*packing.mode: full")
+    refused(["a", "b", "c"], [60, 55, 30], 100, "its length is now 55, was 50")
+    refused(["a", "b", "c"], [60, 50, 30], 70, "over max_token_len 70")
+    refused(["a", "b", "c"], [60, 50, 300], 100, "c: token_len 300 > max_token_len 100")
 
 
 @pytest.mark.processes

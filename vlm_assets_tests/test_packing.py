@@ -16,6 +16,7 @@ import av
 import dagster as dg
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from PIL import Image
 
@@ -39,8 +40,10 @@ from vlm_assets.packing.plan import (
     CATEGORY_MEDIA_KIND,
     CATEGORY_MISSING_LENGTH,
     CATEGORY_OVER_MAX,
-    plan_packing,
+    BinsOnDisk,
+    PackingInputError,
 )
+from vlm_assets.packing.sample_ids import IdIndex
 from vlm_assets.packing.records import (
     build_records,
     read_records,
@@ -53,9 +56,9 @@ from vlm_assets.packing.verify import (
     MemberCheck,
     accounting_problems,
     check_shard_members,
-    oversized_bins,
 )
 from vlm_assets.packing.wds import list_shards, write_shards
+from vlm_assets_tests.packing_support import pack_files, pack_frames
 
 MAX = 100
 
@@ -173,7 +176,8 @@ def _catalog(layout: StorageLayout, source: str) -> pd.DataFrame:
 
 
 def _plan(layout: StorageLayout, source: str, sample_type: str, max_len: int = MAX):
-    return plan_packing(_catalog(layout, source), pd.read_parquet(layout.lengths(source)), sample_type, max_len)
+    return pack_files(layout.catalog(source), layout.lengths(source), layout.root / "plans" / f"{source}-{sample_type}-{max_len}",
+                      sample_type, max_len)
 
 
 def _records(layout: StorageLayout, source: str, sample_type: str):
@@ -204,7 +208,7 @@ def test_bfd_picks_the_tightest_bin_and_rejects_out_of_range_lengths():
     # Decreasing: 60 | 50 | 40 -> best fit for 40 is the 60-bin (remaining 40), not the 50-bin.
     bins = best_fit_decreasing(np.array([50, 60, 40]), 100)
     assert sorted(sorted(b.tolist()) for b in bins) == [[0], [1, 2]]
-    assert best_fit_decreasing(np.array([], dtype=np.int64), 100) == []
+    assert len(best_fit_decreasing(np.array([], dtype=np.int64), 100)) == 0
     with pytest.raises(ValueError):
         best_fit_decreasing(np.array([101]), 100)
     with pytest.raises(ValueError):
@@ -224,17 +228,17 @@ def test_plan_multi_mix_packs_text_video_and_mixed_and_rejects_with_reasons(mix_
     assert len(rejects) == 4
     packed = {sample_id for ids in plan.bins.sample_ids for sample_id in ids}
     assert {"mix/text", "mix/text2", "mix/video", "mix/both"} <= packed
-    assert accounting_problems(_catalog(mix_layout, "mix").sample_id, plan.bins, plan.rejects) == []
-    assert oversized_bins(plan.bins, MAX) == []
+    assert accounting_problems(mix_layout.catalog("mix"), plan.bins_path, plan.rejects_path) == []
     assert plan.bins.total_len.max() <= MAX
+    assert plan.bins.total_len.tolist() == [sum(lengths) for lengths in plan.bins.lengths]
 
 
-def test_plan_rejects_a_length_that_is_not_positive_and_keeps_table_order():
+def test_plan_rejects_a_length_that_is_not_positive_and_keeps_table_order(tmp_path):
     catalog = pd.DataFrame({"sample_id": ["z", "a", "m", "b"], "status": ["ok"] * 4, "reason": [""] * 4,
                             "media_type": ["text"] * 4})
     lengths = pd.DataFrame({"sample_id": ["z", "a", "m", "b"], "status": ["ok"] * 4, "reason": [""] * 4,
                             "token_len": [30, 0, 40, -2]})
-    plan = plan_packing(catalog, lengths, "packed_multi_mix_qa", 100)
+    plan = pack_frames(catalog, lengths, tmp_path, "packed_multi_mix_qa", 100)
     assert plan.rejects.values.tolist() == [["a", "token_len 0 is not positive", CATEGORY_LENGTH],
                                             ["b", "token_len -2 is not positive", CATEGORY_LENGTH]]
     assert plan.bins.sample_ids.tolist() == [["m", "z"]] and plan.bins.lengths.tolist() == [[40, 30]]
@@ -248,15 +252,52 @@ def test_plan_image_only_types_reject_video_mixed_and_text(mix_layout):
             assert kinds[sample_id] == CATEGORY_MEDIA_KIND
         packed = {sample_id for ids in plan.bins.sample_ids for sample_id in ids}
         assert packed == {"mix/dup_a", "mix/dup_b", "mix/png"}
-        assert accounting_problems(_catalog(mix_layout, "mix").sample_id, plan.bins, plan.rejects) == []
+        assert accounting_problems(mix_layout.catalog("mix"), plan.bins_path, plan.rejects_path) == []
 
 
-def test_accounting_problems_detects_lost_and_double_counted_samples(mix_layout):
+def test_accounting_problems_detects_lost_and_double_counted_samples(mix_layout, tmp_path):
     plan = _plan(mix_layout, "mix", "packed_multi_mix_qa")
-    lost = plan.rejects.iloc[1:]
-    assert any("neither packed nor rejected" in p for p in accounting_problems(_catalog(mix_layout, "mix").sample_id, plan.bins, lost))
+    catalog = mix_layout.catalog("mix")
+
+    def problems(rejects: pd.DataFrame) -> list[str]:
+        write_parquet(rejects, tmp_path / "rejects.parquet")
+        return accounting_problems(catalog, plan.bins_path, tmp_path / "rejects.parquet")
+
+    first = plan.rejects.sample_id.iloc[0]
+    assert problems(plan.rejects.iloc[1:]) == [f"1 catalogue ids neither packed nor rejected: {first!r}"]
     doubled = pd.concat([plan.rejects, pd.DataFrame({"sample_id": ["mix/text"], "reason": ["x"], "category": ["x"]})])
-    assert any("both packed and rejected" in p for p in accounting_problems(_catalog(mix_layout, "mix").sample_id, plan.bins, doubled))
+    assert problems(doubled) == ["1 ids both packed and rejected: 'mix/text'"]
+    twice = pd.concat([plan.rejects, plan.rejects.iloc[:1]])
+    assert problems(twice) == [f"1 ids appear more than once in rejects: {first!r}"]
+    stranger = pd.concat([plan.rejects, pd.DataFrame({"sample_id": ["mix/stranger"], "reason": ["x"], "category": ["x"]})])
+    assert problems(stranger) == ["1 ids not in the catalogue: 'mix/stranger'"]
+
+
+def test_a_length_table_made_from_another_catalogue_is_refused(tmp_path):
+    catalog = pd.DataFrame({"sample_id": ["a", "b", "c"], "status": "ok", "reason": "", "media_type": "text"})
+    lengths = pd.DataFrame({"sample_id": ["a", "c", "b"], "status": "ok", "reason": "", "token_len": [10, 20, 30]})
+    with pytest.raises(PackingInputError, match="'b' is not the length of a row of .*catalog.parquet.*sample_lengths again"):
+        pack_frames(catalog, lengths, tmp_path, "packed_multi_mix_qa", 100)
+    assert not (tmp_path / "bins.parquet").exists() and not (tmp_path / "rejects.parquet").exists()
+    empty = pack_frames(catalog, lengths.iloc[:0], tmp_path, "packed_multi_mix_qa", 100)
+    assert empty.rejects.category.tolist() == [CATEGORY_MISSING_LENGTH] * 3 and empty.bins.empty
+
+
+def test_an_id_index_finds_each_id_by_hash_and_confirms_it_by_the_id():
+    index = IdIndex(pa.array(["a", "b", "a", "c"]))  # "a" twice: its hash is shared, looked up by the id
+    assert index.positions(pa.array(["a", "c", "zz", "b"])).tolist() == [0, 3, -1, 1]
+    assert index.id_at(3) == "c" and len(index) == 4
+    assert IdIndex.of([]).positions(pa.array(["a"])).tolist() == [-1]
+
+
+def test_bins_on_disk_flags_a_bin_whose_total_is_not_the_sum_of_its_lengths(tmp_path):
+    bins = pd.DataFrame({"bin_id": [0, 1, 2], "sample_ids": [["a"], ["b", "c"], ["d"]],
+                         "lengths": [[60], [30, 20], [120]], "total_len": [60, 40, 120]})
+    write_parquet(bins, tmp_path / "bins.parquet")
+    read = BinsOnDisk.read(tmp_path / "bins.parquet")
+    assert read.oversized(100) == [1, 2]  # 1: 30 + 20 is not 40; 2: over 100
+    assert (read.bins, read.packed, read.tokens) == (3, 4, 220)
+    assert read.sample_counts.tolist() == [1, 2, 1] and read.fill_ratio(100) == 220 / 300
 
 
 # ---------------------------------------------------------------- packed records

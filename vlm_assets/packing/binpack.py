@@ -14,8 +14,33 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
+
+# Items are assigned this many at a time, so only that many lengths and bin numbers are Python ints
+# at once (36 bytes each) while the whole assignment stays in numpy.
+ASSIGN_SLICE = 65_536
+
+
+@dataclass(frozen=True)
+class Bins:
+    """Item indices grouped by bin: bin b holds `items[starts[b]:starts[b + 1]]`, in placement order."""
+
+    items: np.ndarray
+    starts: np.ndarray
+
+    def __len__(self) -> int:
+        return self.starts.size - 1
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self.items[self.starts[index]:self.starts[index + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[index] for index in range(len(self)))
 
 
 def lower_bound(lengths: np.ndarray, capacity: int) -> int:
@@ -23,31 +48,34 @@ def lower_bound(lengths: np.ndarray, capacity: int) -> int:
     return math.ceil(int(np.asarray(lengths, dtype=np.int64).sum()) / capacity)
 
 
-def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[np.ndarray]:
-    """Pack items into bins of `capacity`; returns, per bin, the item indices it holds.
+def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> Bins:
+    """Pack items into bins of `capacity`; returns the item indices each bin holds.
 
     Every length must be in 1..capacity. Bins come out in the order they were
     opened (so their first items are in decreasing length order); within a bin,
     items are in the order they were placed.
     """
-    values = np.asarray(lengths, dtype=np.int64)
+    values = np.asarray(lengths)
     if values.size == 0:
-        return []
-    if values.min() < 1 or values.max() > capacity:
+        return _group(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    if not np.issubdtype(values.dtype, np.integer):
+        raise TypeError(f"lengths must be integers; got {values.dtype}")
+    if values.min() < 1 or values.max() > capacity or capacity >= 2**31:
         raise ValueError(f"lengths must lie in 1..{capacity}; got {values.min()}..{values.max()}")
-    order = np.argsort(-values, kind="stable")
-    bin_of_item = _assign(values[order].tolist(), capacity)
-    return _group(order, np.asarray(bin_of_item, dtype=np.int64))
+    # int32 indices and sizes: a million items' arrays are what packing holds per sample.
+    sizes = values.astype(np.int32, copy=False)
+    order = np.argsort(-sizes, kind="stable").astype(np.int32)
+    return _group(order, _assign(sizes[order], capacity))
 
 
-def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[np.ndarray]:
+def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> Bins:
     """Plain first-fit decreasing (the baseline benchmarks compare against).
 
     Uses a max-segment-tree over bin remainders to find the first bin that fits.
     """
     values = np.asarray(lengths, dtype=np.int64)
     if values.size == 0:
-        return []
+        return _group(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     order = np.argsort(-values, kind="stable")
     size = 1
     while size < values.size:
@@ -75,13 +103,22 @@ def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[np.ndarray]
     return _group(order, np.asarray(bin_of_item, dtype=np.int64))
 
 
-def _assign(sizes: list[int], capacity: int) -> list[int]:
+def _assign(sizes: np.ndarray, capacity: int) -> np.ndarray:
     """Best-fit bin number for each size, in the given (decreasing) order."""
     open_bins: list[list[int]] = [[] for _ in range(capacity + 1)]
     free_levels: list[int] = []  # sorted remaining capacities that have an open bin
+    bin_of_item = np.empty(sizes.size, dtype=np.int32)
+    opened = 0
+    for start in range(0, sizes.size, ASSIGN_SLICE):
+        part = sizes[start:start + ASSIGN_SLICE].tolist()
+        bin_of_item[start:start + len(part)], opened = _assign_part(part, capacity, open_bins, free_levels, opened)
+    return bin_of_item
+
+
+def _assign_part(sizes: list[int], capacity: int, open_bins: list[list[int]], free_levels: list[int],
+                 opened: int) -> tuple[list[int], int]:
     bin_of_item: list[int] = []
     append = bin_of_item.append
-    opened = 0
     for size in sizes:
         position = bisect_left(free_levels, size)
         if position == len(free_levels):
@@ -101,12 +138,12 @@ def _assign(sizes: list[int], capacity: int) -> list[int]:
             if not stack:
                 insort(free_levels, remaining)
             stack.append(target)
-    return bin_of_item
+    return bin_of_item, opened
 
 
-def _group(order: np.ndarray, bin_of_sorted: np.ndarray) -> list[np.ndarray]:
-    """Split item indices (taken in `order`) by bin, keeping placement order."""
-    regroup = np.argsort(bin_of_sorted, kind="stable")
-    items = order[regroup]
-    counts = np.bincount(bin_of_sorted)
-    return np.split(items, np.cumsum(counts)[:-1])
+def _group(order: np.ndarray, bin_of_sorted: np.ndarray) -> Bins:
+    """Item indices (taken in `order`) grouped by bin, keeping placement order."""
+    items = order[np.argsort(bin_of_sorted, kind="stable")]
+    starts = np.zeros(int(bin_of_sorted.max(initial=-1)) + 2, dtype=np.int64)
+    np.cumsum(np.bincount(bin_of_sorted), out=starts[1:])
+    return Bins(items, starts)

@@ -23,7 +23,7 @@ from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.layout import StorageLayout
 from vlm_assets.packing.energon import DATASET_YAML, MAIN_FOLDER_NAME, SPLIT
-from vlm_assets.packing.plan import read_bins
+from vlm_assets.packing.plan import BinsOnDisk
 
 # Drawn shares must lie within this many binomial standard errors of the weights' shares:
 # a two-sided normal tail of 5.7e-7 per source, so a correct mix practically never fails.
@@ -81,16 +81,16 @@ def mix_entries(app: AppConfig, sources: Iterable[SourceConfig], layout: Storage
     entries = []
     for source in sources:
         bins_path = layout.bins(source.name)
-        bins = read_bins(bins_path) if bins_path.exists() else None
+        bins = BinsOnDisk.read(bins_path) if bins_path.exists() else None
         sample_type = app.sample_type_of(source)
         entry = MixEntry(
             source=source.name,
             sample_type=sample_type,
             weight=source.weight,
             subflavors=source_subflavors(app, source),
-            samples=int(bins["lengths"].map(len).sum()) if bins is not None else 0,
-            bins=len(bins) if bins is not None else 0,
-            tokens=int(bins["total_len"].sum()) if bins is not None else 0,
+            samples=bins.packed if bins is not None else 0,
+            bins=bins.bins if bins is not None else 0,
+            tokens=bins.tokens if bins is not None else 0,
         )
         if entry.weight > 0:
             if not entry.bins:

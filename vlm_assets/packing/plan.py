@@ -1,24 +1,41 @@
 """Turn a source's catalogue and length table into packing bins and a rejects table.
 
-Every catalogue row ends up in exactly one of the two: a bin, or a reject with
-a reason and a category (for counting in the UI). Nothing is dropped silently.
+Every catalogue row ends up in exactly one of the two: a bin, or a reject with a reason and a
+category (for counting in the UI). Nothing is dropped silently.
+
+Both tables are read a batch at a time and side by side: the length table holds the catalogue's
+rows in the catalogue's order. What stays for the whole source is each packable sample's id (in
+Arrow) and length and the packing's index arrays, tens of bytes per sample; rejects are written as
+they are found.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
+from vlm_assets.atomic import atomic_path
 from vlm_assets.catalog.schema import STATUS_OK
-from vlm_assets.packing.binpack import best_fit_decreasing
+from vlm_assets.packing.binpack import Bins, best_fit_decreasing
+from vlm_assets.packing.sample_ids import IdIndex
 from vlm_assets.parquet_batches import parquet_batches
 
-BIN_COLUMNS = ("bin_id", "sample_ids", "lengths", "total_len")
-REJECT_COLUMNS = ("sample_id", "reason", "category")
+BIN_SCHEMA = pa.schema([("bin_id", pa.int64()), ("sample_ids", pa.list_(pa.string())),
+                        ("lengths", pa.list_(pa.int64())), ("total_len", pa.int64())])
+REJECT_SCHEMA = pa.schema([("sample_id", pa.string()), ("reason", pa.string()), ("category", pa.string())])
+LENGTHS_READ = pa.schema([("sample_id", pa.string()), ("status", pa.string()), ("reason", pa.string()),
+                          ("token_len", pa.int64())])
+BATCH_ROWS = 8192
+BINS_PER_ROW_GROUP = 8192
+RELEASE_EVERY_BATCHES = 16
 
 # Which catalogue media_type each sample_type accepts.
 ALLOWED_MEDIA_TYPES = {
@@ -39,112 +56,250 @@ class PackingInputError(ValueError):
 
 
 @dataclass(frozen=True)
-class PackingPlan:
-    bins: pd.DataFrame  # BIN_COLUMNS
-    rejects: pd.DataFrame  # REJECT_COLUMNS
-
-    @property
-    def packed_count(self) -> int:
-        return int(self.bins["lengths"].map(len).sum()) if len(self.bins) else 0
+class PackingOutcome:
+    bins: int
+    bins_kept: int
+    packed: int
+    rejected: int
 
 
-def plan_packing(
-    catalog: pd.DataFrame,
-    lengths: pd.DataFrame,
+def pack_source(
+    catalog: Path,
+    lengths: Path,
+    bins_target: Path,
+    rejects_target: Path,
     sample_type: str,
     max_token_len: int,
     *,
-    catalog_name: str = "catalog",
-    lengths_name: str = "lengths",
-    kept_bins: pd.DataFrame | None = None,
-) -> PackingPlan:
-    """Bins for the packable samples, rejects (with reasons) for every other one.
+    keep_written_bins: bool = False,
+) -> PackingOutcome:
+    """Write the bins of the packable samples to `bins_target`, a reject (with its reason) for every
+    other catalogue row to `rejects_target` (in catalogue order); both atomically, or neither.
 
-    `kept_bins` (packing.mode append: the bins written before) stay as they are, first; only the
-    packable samples not in them are packed, into new bins numbered after them. A kept sample that
-    is no longer packable with the same length, or a kept bin over `max_token_len`, is a
-    PackingInputError: bins already written cannot change.
+    With `keep_written_bins` (packing.mode append), the bins already at `bins_target` stay as they
+    are, first; only the packable samples not in them are packed, into new bins numbered after them.
+    A kept sample that is no longer packable with the same length, or a kept bin over
+    `max_token_len`, is a PackingInputError: bins already written cannot change.
     """
     if sample_type not in ALLOWED_MEDIA_TYPES:
         raise ValueError(f"unknown sample_type {sample_type!r} (known: {', '.join(ALLOWED_MEDIA_TYPES)})")
-    for frame, name in ((catalog, catalog_name), (lengths, lengths_name)):
-        repeated = frame["sample_id"][frame["sample_id"].duplicated()]
-        if len(repeated):
-            raise PackingInputError(f"{name}: duplicate sample_id {repeated.iloc[0]!r}")
-    joined = catalog[["sample_id", "status", "reason", "media_type"]].merge(
-        lengths[["sample_id", "status", "reason", "token_len"]].rename(
-            columns={"status": "length_status", "reason": "length_reason"}
-        ),
-        on="sample_id",
-        how="left",
-        sort=False,
-    )
-    allowed = ALLOWED_MEDIA_TYPES[sample_type]
-    token_lens = pd.to_numeric(joined["token_len"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    # Most rows are packable: found in bulk, so only the rejects are looked at one by one.
-    accepted = ((joined["status"] == STATUS_OK) & (joined["length_status"] == STATUS_OK)
-                & joined["media_type"].isin(list(allowed))).to_numpy(dtype=bool, na_value=False)
-    accepted = accepted & (token_lens <= max_token_len) & (token_lens >= 1)
-    packable_ids: list[str] = joined["sample_id"].to_numpy(dtype=object)[accepted].tolist()
-    packable_lengths: list[int] = token_lens[accepted].astype(np.int64).tolist()
-    rejects: list[tuple[str, str, str]] = []
-    for sample_id, status, reason, media_type, length_status, length_reason, token_len in joined[~accepted].itertuples(
-        index=False, name=None
-    ):
+    kept = KeptBins.read(bins_target, max_token_len) if keep_written_bins and bins_target.exists() else None
+    judge = _Judge(catalog, lengths, sample_type, max_token_len, kept)
+    with contextlib.ExitStack() as outputs:
+        rejects_writer = pq.ParquetWriter(outputs.enter_context(atomic_path(rejects_target)), REJECT_SCHEMA)
+        with rejects_writer:
+            ids, token_lens = judge.packable(rejects_writer)
+        if kept is not None:
+            kept.raise_problems()
+        bins = best_fit_decreasing(token_lens, max_token_len)
+        with pq.ParquetWriter(outputs.enter_context(atomic_path(bins_target)), BIN_SCHEMA) as bins_writer:
+            if kept is not None:
+                kept.copy_to(bins_writer)
+            _write_bins(bins_writer, ids, token_lens, bins, first_bin_id=len(kept.bin_totals) if kept else 0)
+    return PackingOutcome(len(bins) + (len(kept.bin_totals) if kept else 0), len(kept.bin_totals) if kept else 0,
+                          len(token_lens) + (len(kept.index) if kept else 0), judge.rejected)
+
+
+class _Judge:
+    """Each catalogue row's verdict, a batch at a time: packable (id and length), or a reject."""
+
+    def __init__(self, catalog: Path, lengths: Path, sample_type: str, max_token_len: int, kept: KeptBins | None):
+        self.catalog, self.lengths = catalog, lengths
+        self.sample_type, self.max_token_len, self.kept = sample_type, max_token_len, kept
+        self.allowed = ALLOWED_MEDIA_TYPES[sample_type]
+        self.rejected = 0
+
+    def packable(self, rejects_writer: pq.ParquetWriter) -> tuple[pa.Array, np.ndarray]:
+        """Ids and lengths of the packable samples (not in kept bins), in catalogue order; rejects written."""
+        ids: list[pa.Array] = []
+        token_lens: list[np.ndarray] = []
+        length_rows = _LengthRowsInStep(self.lengths, self.catalog)
+        allowed = pa.array(sorted(self.allowed))
+        for number, batch in enumerate(parquet_batches(self.catalog, ["sample_id", "status", "reason", "media_type"],
+                                                       BATCH_ROWS)):
+            if number % RELEASE_EVERY_BATCHES == 0:
+                # Arrow's allocator (mimalloc) keeps the pages each batch freed until told to return them.
+                pa.default_memory_pool().release_unused()
+            sample_ids = batch.column(0)
+            found = length_rows.take(sample_ids)
+            token_len = pc.fill_null(found.column("token_len"), 0).to_numpy()
+            accepted = (_true(pc.equal(batch.column(1), STATUS_OK)) & _true(pc.equal(found.column("status"), STATUS_OK))
+                        & _true(pc.is_in(batch.column(3), value_set=allowed))
+                        & (token_len >= 1) & (token_len <= self.max_token_len))
+            rejects = self._rejects(batch, found, ~accepted)
+            if rejects:
+                rejects_writer.write_batch(pa.RecordBatch.from_pylist(rejects, schema=REJECT_SCHEMA))
+                self.rejected += len(rejects)
+            chosen = pa.array(accepted)
+            batch_ids, batch_lens = sample_ids.filter(chosen), token_len[accepted]
+            if self.kept is not None:
+                new = self.kept.take_new(batch_ids, batch_lens)
+                batch_ids, batch_lens = batch_ids.filter(pa.array(new)), batch_lens[new]
+            ids.append(batch_ids)
+            token_lens.append(batch_lens.astype(np.int32))
+        length_rows.finish()
+        return (pa.concat_arrays(ids) if ids else pa.array([], type=pa.string()),
+                np.concatenate(token_lens) if token_lens else np.zeros(0, dtype=np.int32))
+
+    def _rejects(self, batch: pa.RecordBatch, found: pa.Table, rejected: np.ndarray) -> list[dict]:
+        if not rejected.any():
+            return []
+        chosen = pa.array(rejected)
+        rows = zip(*(column.filter(chosen).to_pylist() for column in (*batch.columns, *found.columns)))
+        rejects = []
+        for sample_id, status, reason, media_type, _, length_status, length_reason, token_len in rows:
+            reason, category = self._verdict(status, reason, media_type, length_status, length_reason, token_len)
+            rejects.append({"sample_id": sample_id, "reason": reason, "category": category})
+        if self.kept is not None:
+            self.kept.take_rejected(batch.column(0).filter(chosen), [reject["reason"] for reject in rejects])
+        return rejects
+
+    def _verdict(self, status, reason, media_type, length_status, length_reason, token_len) -> tuple[str, str]:
         if status != STATUS_OK:
-            rejects.append((sample_id, reason or f"catalog status {status!r}", CATEGORY_CATALOG))
-        elif not isinstance(length_status, str):
-            rejects.append((sample_id, f"no token length in {lengths_name}", CATEGORY_MISSING_LENGTH))
-        elif length_status != STATUS_OK:
-            rejects.append((sample_id, length_reason or f"length status {length_status!r}", CATEGORY_LENGTH))
-        elif media_type not in allowed:
-            needs = "/".join(sorted(allowed))
-            rejects.append((sample_id, f"{media_type} sample not allowed in {sample_type} (needs {needs})", CATEGORY_MEDIA_KIND))
-        elif token_len > max_token_len:
-            rejects.append((sample_id, f"token_len {int(token_len)} > max_token_len {max_token_len}", CATEGORY_OVER_MAX))
-        else:
-            rejects.append((sample_id, f"token_len {token_len} is not positive", CATEGORY_LENGTH))
-
-    rejects_frame = pd.DataFrame(rejects, columns=list(REJECT_COLUMNS))
-    if kept_bins is None or not len(kept_bins):
-        return PackingPlan(bins_frame(packable_ids, np.asarray(packable_lengths, dtype=np.int64), max_token_len), rejects_frame)
-    packable = dict(zip(packable_ids, packable_lengths))
-    _check_kept(kept_bins, packable, rejects_frame, max_token_len)
-    kept = {sample_id for ids in kept_bins["sample_ids"] for sample_id in ids}
-    new_ids = [sample_id for sample_id in packable_ids if sample_id not in kept]
-    new_bins = bins_frame(new_ids, np.asarray([packable[i] for i in new_ids], dtype=np.int64), max_token_len)
-    new_bins["bin_id"] += len(kept_bins)
-    bins = pd.concat([kept_bins[list(BIN_COLUMNS)], new_bins], ignore_index=True)
-    return PackingPlan(bins, rejects_frame)
+            return reason or f"catalog status {status!r}", CATEGORY_CATALOG
+        if length_status is None:
+            return f"no token length in {self.lengths}", CATEGORY_MISSING_LENGTH
+        if length_status != STATUS_OK:
+            return length_reason or f"length status {length_status!r}", CATEGORY_LENGTH
+        if media_type not in self.allowed:
+            needs = "/".join(sorted(self.allowed))
+            return f"{media_type} sample not allowed in {self.sample_type} (needs {needs})", CATEGORY_MEDIA_KIND
+        if token_len > self.max_token_len:
+            return f"token_len {token_len} > max_token_len {self.max_token_len}", CATEGORY_OVER_MAX
+        return f"token_len {token_len} is not positive", CATEGORY_LENGTH
 
 
-def _check_kept(kept_bins: pd.DataFrame, packable: dict[str, int], rejects: pd.DataFrame, max_token_len: int) -> None:
-    why_rejected = dict(zip(rejects["sample_id"], rejects["reason"]))
-    problems = []
-    for ids, lengths, total in zip(kept_bins["sample_ids"], kept_bins["lengths"], kept_bins["total_len"]):
-        if total > max_token_len:
-            problems.append(f"a bin of {int(total)} tokens is over max_token_len {max_token_len}")
-        for sample_id, length in zip(ids, lengths):
-            if sample_id not in packable:
-                problems.append(f"{sample_id}: {why_rejected.get(sample_id, 'no longer in the catalogue')}")
-            elif packable[sample_id] != length:
-                problems.append(f"{sample_id}: its length is now {packable[sample_id]}, was {length}")
-    if problems:
-        raise PackingInputError(
-            f"packing.mode append keeps the bins written before, but {len(problems)} of them no longer hold "
-            f"(first: {problems[0]}); set packing.mode: full to pack every sample afresh")
+def _true(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean mask as numpy, null as False."""
+    return pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
 
 
-def bins_frame(sample_ids: list[str], lengths: np.ndarray, max_token_len: int) -> pd.DataFrame:
-    groups = best_fit_decreasing(lengths, max_token_len)
-    ids = np.asarray(sample_ids, dtype=object)
-    rows = {
-        "bin_id": np.arange(len(groups), dtype=np.int64),
-        "sample_ids": [ids[group].tolist() for group in groups],
-        "lengths": [lengths[group].tolist() for group in groups],
-        "total_len": np.asarray([int(lengths[group].sum()) for group in groups], dtype=np.int64),
-    }
-    return pd.DataFrame(rows, columns=list(BIN_COLUMNS))
+class _LengthRowsInStep:
+    """The length table's rows, taken beside the catalogue's: a catalogue row the table skips has no
+    length (a reject); a length row that is not some next catalogue row's is an error, since the table
+    was then made from another catalogue."""
+
+    def __init__(self, path: Path, catalog: Path):
+        self.path, self.catalog = path, catalog
+        self._batches = parquet_batches(path, LENGTHS_READ.names, BATCH_ROWS)
+        self._pending: pa.Table | None = None
+
+    def _fill(self, rows: int) -> pa.Table:
+        parts = [self._pending] if self._pending is not None else []
+        have = sum(part.num_rows for part in parts)
+        while have < rows:
+            batch = next(self._batches, None)
+            if batch is None:
+                break
+            parts.append(pa.Table.from_batches([batch]))
+            have += batch.num_rows
+        self._pending = pa.concat_tables(parts) if parts else None
+        return self._pending
+
+    def take(self, ids: pa.Array) -> pa.Table:
+        """The length rows of catalogue rows `ids` (the next ones), a row of nulls where there is none."""
+        pending = self._fill(len(ids))
+        if pending is None:
+            return pa.Table.from_arrays([pa.nulls(len(ids), type=field.type) for field in LENGTHS_READ], schema=LENGTHS_READ)
+        head = pending.slice(0, len(ids))
+        if head.num_rows == len(ids) and head.column(0).equals(pa.chunked_array([ids])):
+            self._pending = pending.slice(len(ids))
+            return head.combine_chunks()
+        head_ids = head.column(0).to_pylist()
+        matched, position = [], 0
+        for sample_id in ids.to_pylist():
+            if position < len(head_ids) and head_ids[position] == sample_id:
+                matched.append(position)
+                position += 1
+            else:
+                matched.append(None)
+        self._pending = pending.slice(position)
+        return head.take(pa.array(matched, type=pa.int64())).combine_chunks()
+
+    def finish(self) -> None:
+        pending = self._fill(1)
+        if pending is not None and pending.num_rows:
+            raise PackingInputError(
+                f"{self.path}: its row of {pending.column(0)[0].as_py()!r} is not the length of a row of "
+                f"{self.catalog} in that table's order: the length table was made from another catalogue; "
+                "materialise sample_lengths again")
+
+
+class KeptBins:
+    """packing.mode append: the bins written before, which stay as they are."""
+
+    def __init__(self, path: Path, index: IdIndex, lengths: np.ndarray, bin_totals: np.ndarray, max_token_len: int):
+        self.path, self.index, self.lengths = path, index, lengths
+        self.bin_totals, self.max_token_len = bin_totals, max_token_len
+        self.seen = np.zeros(len(index), dtype=bool)
+        self.problem_count = 0
+        self.first_problem: str | None = None
+
+    @classmethod
+    def read(cls, path: Path, max_token_len: int) -> KeptBins:
+        ids, lengths, totals = [], [], []
+        for batch in parquet_batches(path, ["sample_ids", "lengths", "total_len"], BATCH_ROWS):
+            ids.append(pc.list_flatten(batch.column(0)))
+            lengths.append(pc.list_flatten(batch.column(1)).to_numpy().astype(np.int32))
+            totals.append(batch.column(2).to_numpy())
+        return cls(path, IdIndex.of(ids), np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int32),
+                   np.concatenate(totals) if totals else np.zeros(0, dtype=np.int64), max_token_len)
+
+    def _problem(self, text: str, count: int = 1) -> None:
+        self.problem_count += count
+        self.first_problem = self.first_problem or text
+
+    def take_new(self, ids: pa.Array, token_lens: np.ndarray) -> np.ndarray:
+        """Which of these packable samples are new (in no kept bin); a kept one must keep its length."""
+        positions = self.index.positions(ids)
+        held = positions >= 0
+        self.seen[positions[held]] = True
+        changed = np.flatnonzero(held & (self.lengths[np.maximum(positions, 0)] != token_lens))
+        if changed.size:
+            row = int(changed[0])
+            self._problem(f"{ids[row].as_py()}: its length is now {int(token_lens[row])}, "
+                          f"was {int(self.lengths[positions[row]])}", changed.size)
+        return ~held
+
+    def take_rejected(self, ids: pa.Array, reasons: list[str]) -> None:
+        """These samples are rejected now: none may be in a kept bin."""
+        held = np.flatnonzero(self.index.positions(ids) >= 0)
+        if held.size:
+            self.seen[self.index.positions(ids.take(pa.array(held)))] = True
+            self._problem(f"{ids[int(held[0])].as_py()}: {reasons[int(held[0])]}", held.size)
+
+    def raise_problems(self) -> None:
+        """After every catalogue row was taken: a kept sample not seen is gone from the catalogue."""
+        gone = np.flatnonzero(~self.seen)
+        if gone.size:
+            self._problem(f"{self.index.id_at(int(gone[0]))}: no longer in the catalogue", gone.size)
+        over = np.flatnonzero(self.bin_totals > self.max_token_len)
+        if over.size:
+            self.problem_count += over.size
+            self.first_problem = f"a bin of {int(self.bin_totals[over[0]])} tokens is over max_token_len {self.max_token_len}"
+        if self.problem_count:
+            raise PackingInputError(
+                f"packing.mode append keeps the bins written before, but {self.problem_count} of their samples or "
+                f"bins no longer hold (first: {self.first_problem}); set packing.mode: full to pack every sample afresh")
+
+    def copy_to(self, writer: pq.ParquetWriter) -> None:
+        for batch in parquet_batches(self.path, BIN_SCHEMA.names, BINS_PER_ROW_GROUP):
+            writer.write_batch(batch.cast(BIN_SCHEMA))
+
+
+def _write_bins(writer: pq.ParquetWriter, ids: pa.Array, token_lens: np.ndarray, bins: Bins, first_bin_id: int) -> None:
+    for first in range(0, len(bins), BINS_PER_ROW_GROUP):
+        last = min(first + BINS_PER_ROW_GROUP, len(bins))
+        low, high = bins.starts[first], bins.starts[last]
+        items = bins.items[low:high]
+        offsets = pa.array(bins.starts[first:last + 1] - low, type=pa.int32())
+        lengths = token_lens[items].astype(np.int64)
+        writer.write_batch(pa.record_batch([
+            pa.array(np.arange(first_bin_id + first, first_bin_id + last, dtype=np.int64)),
+            pa.ListArray.from_arrays(offsets, ids.take(pa.array(items))),
+            pa.ListArray.from_arrays(offsets, pa.array(lengths, type=pa.int64())),
+            pa.array(np.add.reduceat(lengths, bins.starts[first:last] - low), type=pa.int64()),
+        ], schema=BIN_SCHEMA))
 
 
 def iter_bins(path: Path, batch_rows: int = 8192) -> Iterator[tuple[int, list[str], list[int]]]:
@@ -154,15 +309,63 @@ def iter_bins(path: Path, batch_rows: int = 8192) -> Iterator[tuple[int, list[st
         yield from zip(data["bin_id"], data["sample_ids"], data["lengths"])
 
 
-def read_bins(path: Path) -> pd.DataFrame:
-    frame = pd.read_parquet(path)
-    frame["sample_ids"] = frame["sample_ids"].map(list)
-    frame["lengths"] = frame["lengths"].map(lambda values: [int(value) for value in values])
-    return frame
+@dataclass(frozen=True)
+class BinsOnDisk:
+    """What a bins file holds, as numbers: per bin and per packed sample, read a batch at a time."""
+
+    bin_ids: np.ndarray
+    total_len: np.ndarray  # per bin, as written
+    sample_counts: np.ndarray  # per bin
+    lengths: np.ndarray  # each packed sample's (int32), bin after bin
+    miscounted: list[int]  # bin ids whose total_len is not the sum of their lengths
+
+    @classmethod
+    def read(cls, path: Path) -> BinsOnDisk:
+        bin_ids, totals, counts, lengths, miscounted = [], [], [], [], []
+        for batch in parquet_batches(path, ["bin_id", "lengths", "total_len"], BINS_PER_ROW_GROUP):
+            batch_counts = pc.list_value_length(batch.column(1)).to_numpy(zero_copy_only=False).astype(np.int64)
+            batch_lengths = pc.list_flatten(batch.column(1)).to_numpy()
+            sums = np.zeros(batch.num_rows, dtype=np.int64)
+            filled = batch_counts > 0
+            starts = np.concatenate([[0], np.cumsum(batch_counts)[:-1]])
+            sums[filled] = np.add.reduceat(batch_lengths, starts[filled]) if filled.any() else 0
+            batch_lengths = batch_lengths.astype(np.int32)  # the one array as long as the source: half the bytes
+            batch_ids, batch_totals = batch.column(0).to_numpy(), batch.column(2).to_numpy()
+            miscounted.extend(batch_ids[sums != batch_totals].tolist())
+            bin_ids.append(batch_ids)
+            totals.append(batch_totals)
+            counts.append(batch_counts)
+            lengths.append(batch_lengths)
+
+        def joined(parts: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+        return cls(joined(bin_ids), joined(totals), joined(counts), joined(lengths), miscounted)
+
+    @property
+    def bins(self) -> int:
+        return int(self.total_len.size)
+
+    @property
+    def packed(self) -> int:
+        return int(self.lengths.size)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.total_len.sum())
+
+    def oversized(self, max_token_len: int) -> list[int]:
+        """Bins over the maximum, or whose total is not the sum of their lengths."""
+        over = self.bin_ids[self.total_len > max_token_len].tolist()
+        return sorted(set(over) | set(self.miscounted))
+
+    def fill_ratio(self, max_token_len: int) -> float:
+        """Share of the bins' token budget that holds real tokens (1.0 = no padding)."""
+        return self.tokens / (self.bins * max_token_len) if self.bins else 0.0
 
 
-def fill_ratio(bins: pd.DataFrame, max_token_len: int) -> float:
-    """Share of the bins' token budget that holds real tokens (1.0 = no padding)."""
-    if not len(bins):
-        return 0.0
-    return float(bins["total_len"].sum()) / (len(bins) * max_token_len)
+def reject_categories(path: Path) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for batch in parquet_batches(path, ["category"], BATCH_ROWS):
+        counts.update(batch.column(0).to_pylist())
+    return counts

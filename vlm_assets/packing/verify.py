@@ -10,9 +10,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import pandas as pd
+import numpy as np
 
 from vlm_assets.atomic import atomic_write_text
+from vlm_assets.packing.sample_ids import column_hashes, ids_with_hashes
 from vlm_assets.packing.wds import ShardStamp, shard_sample_count
 from vlm_assets.parallel import ordered_map
 from vlm_assets.wording import plural
@@ -27,13 +28,39 @@ def _listed(values: Iterable[str]) -> str:
     return ", ".join(repr(value) for value in values[:MAX_LISTED]) + more
 
 
-def accounting_problems(catalog_ids: Iterable[str], bins: pd.DataFrame, rejects: pd.DataFrame) -> list[str]:
-    """catalogue = packed ∪ rejects, disjoint, every id exactly once."""
-    catalog_ids = list(catalog_ids)
-    packed = [sample_id for ids in bins["sample_ids"] for sample_id in ids]
-    rejected = list(rejects["sample_id"])
+def accounting_problems(catalog: Path, bins: Path, rejects: Path) -> list[str]:
+    """catalogue = packed ∪ rejects, disjoint, every id exactly once (the three tables at these paths).
+
+    Compared by id hashes, a few bytes per sample; the ids of any hash out of place are read again
+    and judged by the ids themselves, so a problem is never a hash's.
+    """
+    tables = {"the catalogue": (catalog, "sample_id"), "packed": (bins, "sample_ids"), "rejects": (rejects, "sample_id")}
+    in_catalog = column_hashes(catalog, "sample_id")
+    in_catalog.sort()
+    outcomes = np.concatenate([column_hashes(bins, "sample_ids"), column_hashes(rejects, "sample_id")])
+    outcomes.sort()
+    repeated = np.concatenate([_repeated(in_catalog), _repeated(outcomes)])
+    if not repeated.size and np.array_equal(in_catalog, outcomes):
+        return []
+    suspects = np.unique(np.concatenate([repeated, in_catalog[~_found_in(in_catalog, outcomes)],
+                                         outcomes[~_found_in(outcomes, in_catalog)]]))
+    ids = {name: ids_with_hashes(path, column, suspects) for name, (path, column) in tables.items()}
+    return _id_problems(ids["the catalogue"], ids["packed"], ids["rejects"])
+
+
+def _repeated(sorted_values: np.ndarray) -> np.ndarray:
+    return sorted_values[1:][sorted_values[1:] == sorted_values[:-1]]
+
+
+def _found_in(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
+    if not sorted_values.size:
+        return np.zeros(values.size, dtype=bool)
+    return sorted_values[np.minimum(np.searchsorted(sorted_values, values), sorted_values.size - 1)] == values
+
+
+def _id_problems(catalog_ids: list[str], packed: list[str], rejected: list[str]) -> list[str]:
     problems = []
-    for name, ids in (("packed", packed), ("rejects", rejected)):
+    for name, ids in (("the catalogue", catalog_ids), ("packed", packed), ("rejects", rejected)):
         repeated = [sample_id for sample_id, count in Counter(ids).items() if count > 1]
         if repeated:
             problems.append(f"{len(repeated)} ids appear more than once in {name}: {_listed(repeated)}")
@@ -48,13 +75,6 @@ def accounting_problems(catalog_ids: Iterable[str], bins: pd.DataFrame, rejects:
     if unknown:
         problems.append(f"{len(unknown)} ids not in the catalogue: {_listed(sorted(unknown))}")
     return problems
-
-
-def oversized_bins(bins: pd.DataFrame, max_token_len: int) -> list[int]:
-    """Bins whose total (recomputed from the per-sample lengths) exceeds the maximum."""
-    totals = bins["lengths"].map(sum)
-    bad = (totals > max_token_len) | (totals != bins["total_len"])
-    return [int(bin_id) for bin_id in bins.loc[bad, "bin_id"]]
 
 
 def _member_names(shard: Path) -> list[str]:

@@ -6,8 +6,6 @@ import threading
 import time
 
 import dagster as dg
-import numpy as np
-import pandas as pd
 
 from vlm_assets.atomic import atomic_open, write_parquet
 from vlm_assets.catalog.lookup import SampleLookup
@@ -32,7 +30,7 @@ from vlm_assets.packing.mix import (
     token_shares,
     write_metadataset,
 )
-from vlm_assets.packing.plan import fill_ratio, iter_bins, plan_packing, read_bins
+from vlm_assets.packing.plan import BinsOnDisk, iter_bins, pack_source, reject_categories
 from vlm_assets.packing.records import RECORD_COLUMNS, kept_records, write_packed_jsonl
 from vlm_assets.packing.report import fill_summary_md, reject_counts_md
 from vlm_assets.packing.verify import CheckedShards
@@ -64,47 +62,34 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     catalog_path, lengths_path = layout.catalog(source), layout.lengths(source)
     bins_path, rejects_path = layout.bins(source), layout.rejects(source)
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
-        # Packing needs each sample's verdict, media type and length, not its conversation.
-        catalog = pd.read_parquet(catalog_path, columns=["sample_id", "status", "reason", "media_type"])
-        lengths = pd.read_parquet(lengths_path, columns=["sample_id", "status", "reason", "token_len"])
         started = time.perf_counter()
-        # packing.mode append: the bins written before stay; only samples not in them are packed.
-        kept_bins = read_bins(bins_path) if app.packing.mode == "append" and bins_path.exists() else None
-        plan = plan_packing(
-            catalog,
-            lengths,
-            app.sample_type_of(vlm_config.source(source)),
-            app.sample.max_token_len,
-            catalog_name=str(catalog_path),
-            lengths_name=str(lengths_path),
-            kept_bins=kept_bins,
-        )
-        kept = len(kept_bins) if kept_bins is not None else 0
+        append = app.packing.mode == "append"  # the bins written before stay; only samples not in them are packed
+        outcome = pack_source(catalog_path, lengths_path, bins_path, rejects_path,
+                              app.sample_type_of(vlm_config.source(source)), app.sample.max_token_len,
+                              keep_written_bins=append)
         context.log.info(
-            f"{source}: {plural(plan.packed_count, 'sample')} into {plural(len(plan.bins), 'bin')}"
-            + (f" ({kept} kept, {len(plan.bins) - kept} new)" if kept_bins is not None else "")
-            + f", {len(plan.rejects)} rejected ({time.perf_counter() - started:.2f}s)"
+            f"{source}: {plural(outcome.packed, 'sample')} into {plural(outcome.bins, 'bin')}"
+            + (f" ({outcome.bins_kept} kept, {outcome.bins - outcome.bins_kept} new)" if append else "")
+            + f", {outcome.rejected} rejected ({time.perf_counter() - started:.2f}s)"
         )
-        write_parquet(plan.bins, bins_path)
-        write_parquet(plan.rejects, rejects_path)
         # Metadata and checks judge what landed on disk, not what we meant to write.
-        bins, rejects = read_bins(bins_path), pd.read_parquet(rejects_path)
+        bins, rejected = BinsOnDisk.read(bins_path), reject_categories(rejects_path)
         published = vlm_config.publish(context, "packing_bins")
-    packed_lengths = np.asarray([length for values in bins["lengths"] for length in values], dtype=np.int64)
+    max_token_len = app.sample.max_token_len
     yield dg.MaterializeResult(**versioned({
         "bins_path": dg.MetadataValue.path(str(bins_path)),
         "rejects_path": dg.MetadataValue.path(str(rejects_path)),
-        "bins": len(bins),
-        "bins_kept": kept,
-        "packed_samples": int(packed_lengths.size),
-        "rejected_samples": len(rejects),
-        "fill_ratio": fill_ratio(bins, app.sample.max_token_len),
-        "outcomes": dg.MetadataValue.md(reject_counts_md(int(packed_lengths.size), rejects)),
-        "length_histogram": dg.MetadataValue.md(length_histogram_md(packed_lengths, app.sample.max_token_len)),
-        "fill_summary": dg.MetadataValue.md(fill_summary_md(bins, app.sample.max_token_len)),
+        "bins": bins.bins,
+        "bins_kept": outcome.bins_kept,
+        "packed_samples": bins.packed,
+        "rejected_samples": sum(rejected.values()),
+        "fill_ratio": bins.fill_ratio(max_token_len),
+        "outcomes": dg.MetadataValue.md(reject_counts_md(bins.packed, rejected)),
+        "length_histogram": dg.MetadataValue.md(length_histogram_md(bins.lengths, max_token_len)),
+        "fill_summary": dg.MetadataValue.md(fill_summary_md(bins, max_token_len)),
         **published,
     }, fingerprint))
-    yield from checks.packing_bins_results(catalog["sample_id"], bins, rejects, app)
+    yield from checks.packing_bins_results(catalog_path, bins_path, rejects_path, bins, app)
 
 
 @dg.asset(

@@ -2,11 +2,11 @@
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
-import pandas as pd
+
 
 from vlm_assets.config import AppConfig
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
@@ -19,13 +19,12 @@ from vlm_assets.packing.mix import (
     judge_draws,
     mix_entries,
 )
-from vlm_assets.packing.plan import fill_ratio, read_bins
+from vlm_assets.packing.plan import BinsOnDisk
 from vlm_assets.packing.records import record_id
 from vlm_assets.packing.verify import (
     accounting_problems,
     CheckedShards,
     check_shard_members,
-    oversized_bins,
 )
 from vlm_assets.wording import plural
 
@@ -45,26 +44,26 @@ SHARD_CHECKS = [
 
 
 def packing_bins_results(
-    catalog_ids: Iterable[str], bins: pd.DataFrame, rejects: pd.DataFrame, app: AppConfig
+    catalog: Path, bins_path: Path, rejects: Path, bins: BinsOnDisk, app: AppConfig
 ) -> Iterator[dg.AssetCheckResult]:
-    problems = accounting_problems(catalog_ids, bins, rejects)
+    problems = accounting_problems(catalog, bins_path, rejects)
     yield dg.AssetCheckResult(
         check_name="every_sample_accounted_for",
         passed=not problems,
         metadata={"problems": dg.MetadataValue.md("\n".join(f"- {p}" for p in problems) or "none")},
     )
-    oversized = oversized_bins(bins, app.sample.max_token_len)
+    oversized = bins.oversized(app.sample.max_token_len)
     yield dg.AssetCheckResult(
         check_name="bins_within_max_token_len",
         passed=not oversized,
         metadata={"oversized_bins": len(oversized), "examples": dg.MetadataValue.json(oversized[:10])},
     )
-    ratio = fill_ratio(bins, app.sample.max_token_len)
+    ratio = bins.fill_ratio(app.sample.max_token_len)
     yield dg.AssetCheckResult(
         check_name="fill_ratio",
-        passed=ratio >= app.packing.min_fill_ratio or not len(bins),
+        passed=ratio >= app.packing.min_fill_ratio or not bins.bins,
         severity=dg.AssetCheckSeverity.WARN,
-        metadata={"fill_ratio": ratio, "min_fill_ratio": app.packing.min_fill_ratio, "bins": len(bins)},
+        metadata={"fill_ratio": ratio, "min_fill_ratio": app.packing.min_fill_ratio, "bins": bins.bins},
     )
 
 
@@ -102,7 +101,7 @@ def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_confi
     # Shared with other readers; excludes the shard writers and a re-prepare while Energon reads.
     with vlm_config.locked(context.log, shared=[layout.source_lock(source)]):
         bins_path = layout.bins(source)
-        expected = [record_id(source, int(bin_id)) for bin_id in read_bins(bins_path)["bin_id"]] if bins_path.exists() else []
+        expected = [record_id(source, bin_id) for bin_id in BinsOnDisk.read(bins_path).bin_ids.tolist()] if bins_path.exists() else []
         live_uuid = live_index_uuid(root)
         start = first_unloaded_sample(PreparedRecord.load(layout.energon_prepared(source)), live_uuid, loaded_record)
         if start:
