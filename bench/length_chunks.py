@@ -1,7 +1,7 @@
 """One big source through its token lengths as chunk partitions: 1 vs 2 workers beside the machine's own
 2-process ceiling, a run killed at half its chunks then resumed, and 1 % of records appended.
 
-    .venv/bin/python bench/length_chunks.py [--records 200000] [--repeats 2] [--append-only]
+    .venv/bin/python bench/length_chunks.py [--records 200000] [--repeats 2] [--celery] [--append-only]
 
 Input: the LLaVA-style jsonl of bench/catalog_readers.py (one image per record, 1–3 turns), generated
 once. Every measured run is the real CLI, `python -m vlm_assets.cli run --select sample_lengths`, on a
@@ -9,6 +9,9 @@ fresh DAGSTER_HOME and storage root: the catalogue, its length chunks (16,384 ro
 assembled table. Side by side, alternating, --repeats times:
   workers 1      `--workers 1`
   workers 2      `--workers 2`: two chunk runs at a time
+  celery 2       with --celery: `--executor celery --workers 2 --force` against two Celery workers
+                 (bench/scale.py's throwaway PostgreSQL, Redis and workers, started once), the
+                 site's outputs removed before each run
   ceiling        two plain processes, each cataloguing one half of the records and measuring its
                  lengths (write_catalog, write_length_table; one process each, no Dagster), against
                  one such process over all the records: the most two processes gain on this
@@ -23,6 +26,7 @@ Per run it prints the seconds spent inside each asset's runs (the Dagster run re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -31,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -38,6 +43,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catalog_readers import generate  # noqa: E402  (a bench script beside this one)
+from scale import celery_cluster, celery_unavailable  # noqa: E402
 
 from vlm_assets.catalog.build import MediaValidator  # noqa: E402
 from vlm_assets.catalog.table import write_catalog  # noqa: E402
@@ -58,17 +64,18 @@ def site(scratch: Path, manifest: Path, name: str) -> tuple[Path, Path]:
     return config, folder / "home"
 
 
-def start(config: Path, home: Path, workers: int) -> subprocess.Popen:
+def start(config: Path, home: Path, workers: int, celery: bool = False) -> subprocess.Popen:
+    celery_options = ["--executor", "celery", "--force"] if celery else []
     return subprocess.Popen(
         [sys.executable, "-m", "vlm_assets.cli", "run", "--config", str(config), "--select", "sample_lengths",
-         "--workers", str(workers)],
+         "--workers", str(workers), *celery_options],
         env={**os.environ, "DAGSTER_HOME": str(home)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
 
 
-def timed_run(config: Path, home: Path, workers: int) -> float:
+def timed_run(config: Path, home: Path, workers: int, celery: bool = False) -> float:
     began = time.perf_counter()
-    process = start(config, home, workers)
+    process = start(config, home, workers, celery)
     output, _ = process.communicate()
     if process.returncode != 0:
         raise SystemExit(f"run failed:\n{output[-3000:]}")
@@ -114,6 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--celery", action="store_true", help="also 2 Celery workers (needs redis-server and PostgreSQL)")
     parser.add_argument("--append-only", action="store_true", help="only the 1 %% append, against its own first build")
     parser.add_argument("--one-process", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -123,21 +131,49 @@ def main() -> None:
     folder = generate(args.records)
     manifest = folder / "train.jsonl"
     times: dict[str, list[float]] = {"workers 1": [], "workers 2": [], "plain 1": [], "plain 2 (halves)": []}
-    with tempfile.TemporaryDirectory() as scratch_name:
+    with tempfile.TemporaryDirectory() as scratch_name, contextlib.ExitStack() as cluster:
         scratch = Path(scratch_name)
+        celery_site = None
+        if args.celery and not args.append_only:
+            if (missing := celery_unavailable()) is not None:
+                raise SystemExit(f"--celery: {missing}")
+            celery_site = site(scratch, manifest, "celery")
+            # The cluster's PostgreSQL instance is named by environment variables: this process reads it too.
+            cluster.enter_context(environment_with(cluster.enter_context(celery_cluster(celery_site[0].parent))))
+            times["celery 2"] = []
         for round_number in range(0 if args.append_only else args.repeats):
             for workers in (1, 2):
                 config, home = site(scratch, manifest, f"round{round_number}-workers{workers}")
                 times[f"workers {workers}"].append(timed_run(config, home, workers))
                 print(f"round {round_number + 1}, workers {workers}: {times[f'workers {workers}'][-1]:.1f} s "
                       f"({seconds_by_asset(home)})", flush=True)
+            if celery_site is not None:
+                config, home = celery_site
+                shutil.rmtree(config.parent / "vlm_data", ignore_errors=True)
+                since = time.time()
+                times["celery 2"].append(timed_run(config, home, 2, celery=True))
+                print(f"round {round_number + 1}, Celery, 2 workers: {times['celery 2'][-1]:.1f} s "
+                      f"({seconds_by_asset(home, since)})", flush=True)
             times["plain 1"].append(plain(manifest))
             times["plain 2 (halves)"].append(plain(folder / "first_half.jsonl", folder / "second_half.jsonl"))
             print(f"round {round_number + 1}, ceiling: one process {times['plain 1'][-1]:.1f} s, "
                   f"two halves side by side {times['plain 2 (halves)'][-1]:.1f} s", flush=True)
+        cluster.close()
         if not args.append_only:
             median = workers_and_kill(args, scratch, manifest, times)
         append_phase(args, scratch, folder, manifest, None if args.append_only else median["workers 2"])
+
+
+@contextlib.contextmanager
+def environment_with(variables: dict[str, str]) -> Iterator[None]:
+    """`variables` set in this process's environment while inside, the environment as before after."""
+    saved = dict(os.environ)
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def workers_and_kill(args, scratch: Path, manifest: Path, times: dict[str, list[float]]) -> dict[str, float]:
@@ -146,7 +182,12 @@ def workers_and_kill(args, scratch: Path, manifest: Path, times: dict[str, list[
     ours, ceiling = median["workers 1"] / median["workers 2"], median["plain 1"] / median["plain 2 (halves)"]
     print(f"\n{args.records:,} records, medians of {args.repeats}: workers 1 {median['workers 1']:.1f} s, "
           f"workers 2 {median['workers 2']:.1f} s: {ours:.2f}×; machine ceiling {ceiling:.2f}× "
-          f"(plain {median['plain 1']:.1f} s vs {median['plain 2 (halves)']:.1f} s): {ours / ceiling:.0%} of it")
+          f"(plain {median['plain 1']:.1f} s vs {median['plain 2 (halves)']:.1f} s): {ours / ceiling:.0%} of it "
+          "(target ≥ 90 %)")
+    if "celery 2" in median:
+        celery = median["workers 1"] / median["celery 2"]
+        print(f"Celery, 2 workers: {median['celery 2']:.1f} s: {celery:.2f}× one in-process worker, "
+              f"{celery / ceiling:.0%} of the machine ceiling (target ≥ 80 %)")
 
     config, home = site(scratch, manifest, "killed")
     process = start(config, home, 2)
