@@ -174,7 +174,11 @@ def source_snapshot(source: SourceConfig, excluded: Iterable[Path]) -> Snapshot:
     if source.on_object_store:
         return _walk_object_source(source).snapshot
     skip = {os.path.realpath(path) for path in excluded}
-    return _snapshot(entry for root in _snapshot_roots(source) for entry in _tree_entries(Path(root), skip))
+    # Summed as the walk lists them: a list of a million files' entries would be 250 MB.
+    totals = _SnapshotTotals()
+    for root in _snapshot_roots(source):
+        _walk_tree(Path(root), skip, totals)
+    return totals.files, totals.size, totals.newest
 
 
 def _snapshot_roots(source: SourceConfig) -> list[Path | ObjectURL]:
@@ -186,21 +190,39 @@ def _snapshot_roots(source: SourceConfig) -> list[Path | ObjectURL]:
 
 
 def _snapshot(entries: Iterable[tuple[str, int, int]]) -> Snapshot:
-    files = size = newest = 0
-    for _path, entry_size, mtime in entries:
-        if entry_size >= 0:  # a dangling link has no size
-            files, size, newest = files + 1, size + entry_size, max(newest, mtime)
-    return files, size, newest
+    totals = _SnapshotTotals()
+    for entry in entries:
+        totals.append(entry)
+    return totals.files, totals.size, totals.newest
+
+
+class _SnapshotTotals:
+    """Files, bytes and newest mtime of the entries appended (a walk's sink, in place of a list)."""
+
+    def __init__(self) -> None:
+        self.files = self.size = self.newest = 0
+
+    def append(self, entry: tuple[str, int, int]) -> None:
+        _path, size, mtime = entry
+        if size >= 0:  # a dangling link has no size
+            self.files, self.size, self.newest = self.files + 1, self.size + size, max(self.newest, mtime)
 
 
 def _tree_entries(root: Path, skip: set[str]) -> list[tuple[str, int, int]]:
+    entries: list[tuple[str, int, int]] = []
+    _walk_tree(root, skip, entries)
+    return entries
+
+
+def _walk_tree(root: Path, skip: set[str], entries: list[tuple[str, int, int]] | _SnapshotTotals) -> None:
+    """Each file's (path, size, mtime) under `root` appended to `entries`, folder by folder."""
     if root.is_file():
         stat = root.stat()
-        return [(str(root), stat.st_size, stat.st_mtime_ns)]
+        entries.append((str(root), stat.st_size, stat.st_mtime_ns))
+        return
     # A plain file is an excluded one only if its name is: resolving every file's path would cost
     # more than the rest of the walk (a source holds millions of images).
     skipped_names = {os.path.basename(path) for path in skip}
-    entries: list[tuple[str, int, int]] = []
     pending = [str(root)]
     while pending:
         folders: list[str] = []
@@ -213,11 +235,10 @@ def _tree_entries(root: Path, skip: set[str]) -> list[tuple[str, int, int]]:
         except OSError:
             continue  # an unreadable folder, as os.walk skips it
         pending.extend(sorted(folders, reverse=True))
-    return entries
 
 
-def _add_entry(entry: os.DirEntry, skip: set[str], skipped_names: set[str], entries: list[tuple[str, int, int]],
-               folders: list[str]) -> None:
+def _add_entry(entry: os.DirEntry, skip: set[str], skipped_names: set[str],
+               entries: list[tuple[str, int, int]] | _SnapshotTotals, folders: list[str]) -> None:
     """A folder (symlinked ones too) to `folders`, a file's (path, size, mtime) to `entries`."""
     try:
         is_folder = entry.is_dir()
