@@ -27,6 +27,7 @@ from vlm_assets.catalog.build import FolderPart, MediaValidator, catalog_row
 from vlm_assets.catalog.readers.flat_dir import FolderListing, ObjectFolderListing
 from vlm_assets.catalog.records import RecordLimits
 from vlm_assets.catalog.schema import STATUS_OK
+from vlm_assets.catalog.seen_ids import SeenIds
 from vlm_assets.config import SourceConfig
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def plan_folder_extension(source: SourceConfig, catalog: Path, mark_path: Path, 
     if table.num_rows != mark.records:
         raise AppendRefused("the catalogue's rows differ from the record files read")
     origins = table.column("origin").to_pylist()
-    part = FolderPart(listing, mark.records, dict(zip(table.column("sample_id").to_pylist(), origins)))
+    part = FolderPart(listing, mark.records, SeenIds(catalog, earlier=catalog))
     limits = RecordLimits.of(source)
     rechecked = {index: catalog_row(listing.record(index, limits), source.name, text_key, validator)
                  for index in sorted(_rows_to_check_again(listing, table, origins))}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -31,6 +32,7 @@ from vlm_assets.catalog.readers.flat_dir import FolderListing, ObjectFolderListi
 from vlm_assets.catalog.readers.jsonl import IdSurvey, LineRange, line_ranges, read_jsonl_range, survey_range
 from vlm_assets.catalog.records import RecordLimits, is_json_array
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
+from vlm_assets.catalog.seen_ids import SeenIds
 from vlm_assets.config import DEFAULT_MAX_IMAGE_PIXELS, SourceConfig
 from vlm_assets.object_store import is_file, location_size, open_location, resolved
 from vlm_assets.parallel import ordered_map, store_reading_processes
@@ -244,23 +246,26 @@ CATALOG_CHUNK_WORK = 256
 VIDEO_CHECK_WORK = CATALOG_CHUNK_WORK // 2
 
 
-def _with_duplicates_marked(records: Iterable[RawRecord], seen: dict[str, str]) -> Iterator[RawRecord]:
-    """Records in reading order; a repeated sample id (of these or of `seen`, sample id -> origin it
-    was first read from, which grows as they are read) becomes a reject under a distinct id."""
-    for raw in records:
-        if raw.sample_id in seen:
-            raw.error = _duplicate(raw.sample_id, seen, raw.origin)
-            raw.record = None
-            raw.sample_id = f"{raw.sample_id}#dup{len(seen)}"
-        seen[raw.sample_id] = raw.origin
-        yield raw
+def _with_duplicates_marked(records: Iterable[RawRecord], seen: SeenIds | None) -> Iterator[RawRecord]:
+    """Records in reading order; a repeated sample id (of these or of `seen`, the ids read before with
+    the origin each was first read from, which grows as they are read) becomes a reject under a distinct id."""
+    with contextlib.ExitStack() as owned:
+        if seen is None:
+            seen = owned.enter_context(SeenIds())
+        for raw in records:
+            if raw.sample_id in seen:
+                raw.error = _duplicate(raw.sample_id, seen, raw.origin)
+                raw.record = None
+                raw.sample_id = f"{raw.sample_id}#dup{len(seen)}"
+            seen[raw.sample_id] = raw.origin
+            yield raw
 
 
-def _duplicate(sample_id: str, seen: dict[str, str], origin: str) -> str:
+def _duplicate(sample_id: str, seen: SeenIds, origin: str) -> str:
     return f"duplicate sample id {sample_id!r}, first read from {seen[sample_id]} [{origin}]"
 
 
-def _unique_row(row: dict, seen: dict[str, str]) -> dict:
+def _unique_row(row: dict, seen: SeenIds) -> dict:
     """`row`, or, if its sample id was seen before, the reject _with_duplicates_marked makes of it."""
     sample_id = row["sample_id"]
     if sample_id in seen:
@@ -378,13 +383,13 @@ def is_json_lines(source: SourceConfig) -> bool:
 class JsonlPart:
     """What of a JSON-lines source is read: from byte `start` (line `first_line`, record number
     `first_number`) to its end. A catalogue extended by appended lines reads only them, knowing
-    how the records before were named (`before`) and their ids (`seen`, sample id -> origin)."""
+    how the records before were named (`before`) and their ids (`seen`, with their origins)."""
 
     start: int = 0
     first_line: int = 1
     first_number: int = 1
     before: IdSurvey = field(default_factory=IdSurvey)
-    seen: dict[str, str] = field(default_factory=dict)
+    seen: SeenIds = field(default_factory=SeenIds)
     # The whole file's, once the part is surveyed: it names the part's records as the ones before.
     survey: IdSurvey | None = None
 
@@ -399,7 +404,7 @@ class FolderPart:
 
     listing: FolderListing | ObjectFolderListing
     start: int = 0
-    seen: dict[str, str] = field(default_factory=dict)
+    seen: SeenIds = field(default_factory=SeenIds)
 
 
 def _read_in_ranges(source: SourceConfig, processes: int, part: JsonlPart | FolderPart | None) -> int:
@@ -463,6 +468,17 @@ def iter_catalog_chunks(
                 validator.media_copies)
     if part is None and is_json_lines(source):
         part = JsonlPart()
+        try:
+            yield from _catalog_chunks(source, text_key, validator, processes, chunk_work, part, settings)
+        finally:
+            part.seen.close()
+        return
+    yield from _catalog_chunks(source, text_key, validator, processes, chunk_work, part, settings)
+
+
+def _catalog_chunks(source: SourceConfig, text_key: str, validator: MediaValidator, processes: int, chunk_work: int,
+                    part: JsonlPart | FolderPart | None, settings: tuple) -> Iterator[list[dict]]:
+    log = validator.check_log
     range_bytes = _read_in_ranges(source, processes, part)
     if range_bytes:
         results = _rows_read_in_ranges(source, part, range_bytes, processes, settings)
@@ -471,7 +487,7 @@ def iter_catalog_chunks(
             records = part.listing.records(RecordLimits.of(source), part.start)
         else:
             records = _part_records(source, part) if part is not None else read_source(source)
-        chunks = _chunked_by_work(_with_duplicates_marked(records, part.seen if part is not None else {}), chunk_work)
+        chunks = _chunked_by_work(_with_duplicates_marked(records, part.seen if part is not None else None), chunk_work)
         # Worker processes cost a start-up each; a source of one chunk is done here.
         opening = list(itertools.islice(chunks, 2))
         chunks = itertools.chain(opening, chunks)

@@ -30,6 +30,7 @@ from vlm_assets.catalog.build import (
 from vlm_assets.catalog.media_resolution import SourceScope
 from vlm_assets.catalog.readers.flat_dir import folder_listing
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK
+from vlm_assets.catalog.seen_ids import SeenIds
 from vlm_assets.config import SourceConfig
 from vlm_assets.fingerprints import Snapshot, source_snapshot
 from vlm_assets.object_store import exists
@@ -124,7 +125,8 @@ def write_catalog(
                 extension = plan_folder_extension(source, target, read_mark, settings, text_key, validator, listing)
         except AppendRefused as refused:
             summary.read_in_full = str(refused)
-        part = extension.part if extension else JsonlPart() if listing is None else FolderPart(listing)
+        part = extension.part if extension else JsonlPart(seen=SeenIds(target)) if listing is None \
+            else FolderPart(listing, seen=SeenIds(target))
     try:
         with atomic_path(target) as tmp:
             with pq.ParquetWriter(tmp, CATALOG_SCHEMA) as writer:
@@ -150,6 +152,8 @@ def write_catalog(
     finally:
         if validator.check_log is not None:
             validator.check_log.close()
+        if part is not None:
+            part.seen.close()
     if validator.check_log is not None:
         validator.check_log.compact()
     if read_mark is not None:
