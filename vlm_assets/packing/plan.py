@@ -263,9 +263,10 @@ class KeptBins:
 
     def take_rejected(self, ids: pa.Array, reasons: list[str]) -> None:
         """These samples are rejected now: none may be in a kept bin."""
-        held = np.flatnonzero(self.index.positions(ids) >= 0)
+        positions = self.index.positions(ids)
+        held = np.flatnonzero(positions >= 0)
         if held.size:
-            self.seen[self.index.positions(ids.take(pa.array(held)))] = True
+            self.seen[positions[held]] = True
             self._problem(f"{ids[int(held[0])].as_py()}: {reasons[int(held[0])]}", held.size)
 
     def raise_problems(self) -> None:
