@@ -10,6 +10,7 @@ from typing import Any
 import dagster as dg
 import numpy as np
 import pandas as pd
+from sqlalchemy.exc import IntegrityError
 
 from vlm_assets.catalog.appending import reading_settings
 from vlm_assets.catalog.build import MediaValidator
@@ -51,6 +52,8 @@ from vlm_assets.wording import md_cell, plural
 CHECK_ROWS_PER_KIND = 8
 # Rows of the rejects_by_reason table: the commonest reasons, the others counted below it.
 SHOWN_REASONS = 20
+# Two sources' catalogue runs may register the same chunk indices at once: the later one reads them again.
+REGISTER_ATTEMPTS = 3
 
 
 def reason_table_md(reasons: Counter[str], rows: int = SHOWN_REASONS) -> str:
@@ -159,10 +162,18 @@ def _catalogue(context: dg.AssetExecutionContext, vlm_config: VlmConfig, fingerp
 
 
 def _register_chunk_indices(instance: dg.DagsterInstance, count: int) -> None:
-    known = set(instance.get_dynamic_partitions(CHUNK_INDEX_PARTITIONS.name))
-    new = [key for key in map(chunk_index_key, range(count)) if key not in known]
-    if new:
-        instance.add_dynamic_partitions(CHUNK_INDEX_PARTITIONS.name, new)
+    for attempt in range(REGISTER_ATTEMPTS):
+        known = set(instance.get_dynamic_partitions(CHUNK_INDEX_PARTITIONS.name))
+        new = [key for key in map(chunk_index_key, range(count)) if key not in known]
+        if not new:
+            return
+        try:
+            instance.add_dynamic_partitions(CHUNK_INDEX_PARTITIONS.name, new)
+            return
+        except IntegrityError:
+            # Another source's catalogue run added some of the same indices since they were read.
+            if attempt == REGISTER_ATTEMPTS - 1:
+                raise
 
 
 def _samples_for_length(frame: pd.DataFrame) -> list[SampleForLength]:
