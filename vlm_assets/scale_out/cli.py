@@ -12,6 +12,7 @@ from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, ensure_dagster_home
 from vlm_assets.orchestration.outage import require_reachable
 from vlm_assets.orchestration.workers import default_workers
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
+from vlm_assets.scale_out import core_shares
 
 WORKER_ARGS = (
     # One task (a run or a step) per free process: the rest stay in the queue for the other workers.
@@ -48,21 +49,21 @@ def start_worker(args: argparse.Namespace) -> int:
         print(f"note: {POSTGRES_HOST_ENV} is not set, so only runs started on this machine (sqlite instance) "
               "can use this worker", flush=True)
     concurrency = args.concurrency or default_workers()
-    # The machine's cores shared among the steps it runs at once: `--concurrency 1` gives one big
-    # source's chunked steps every core; the default (one step per core) keeps one process each.
-    os.environ.setdefault(STEP_PROCESSES_ENV_VAR, str(max(1, default_workers() // concurrency)))
     # Loaded here, before Celery forks its pool processes, rather than by each of them on its first
     # step: the code location, and the processor (seconds) that token counting uses.
     from vlm_assets.definitions import defs
 
     defs.resources["hf_processor"].load()
-    from celery.signals import worker_process_init
+    from celery.signals import task_postrun, task_prerun, worker_process_init
     from dagster_celery.app import app as celery_app
 
     celery_app.conf.update(broker_url=broker, result_backend=broker)
     # Next to dagster-celery's step task (runs the daemon launches): whole runs of `vlm-assets run`.
     register_run_task(celery_app)
     worker_process_init.connect(_allow_child_processes, weak=False)
+    if STEP_PROCESSES_ENV_VAR not in os.environ:  # else the user's number holds for every task
+        task_prerun.connect(core_shares.start_task, weak=False)
+        task_postrun.connect(core_shares.end_task, weak=False)
     celery_app.worker_main(["worker", f"--concurrency={concurrency}", f"--hostname=vlm-assets-{os.getpid()}@%h",
                             *WORKER_ARGS])
     return 0
