@@ -133,13 +133,12 @@ def main() -> None:
     times: dict[str, list[float]] = {"workers 1": [], "workers 2": [], "plain 1": [], "plain 2 (halves)": []}
     with tempfile.TemporaryDirectory() as scratch_name, contextlib.ExitStack() as cluster:
         scratch = Path(scratch_name)
-        celery_site = None
+        celery_site, celery_env = None, {}
         if args.celery and not args.append_only:
             if (missing := celery_unavailable()) is not None:
                 raise SystemExit(f"--celery: {missing}")
             celery_site = site(scratch, manifest, "celery")
-            # The cluster's PostgreSQL instance is named by environment variables: this process reads it too.
-            cluster.enter_context(environment_with(cluster.enter_context(celery_cluster(celery_site[0].parent))))
+            celery_env = cluster.enter_context(celery_cluster(celery_site[0].parent))
             times["celery 2"] = []
         for round_number in range(0 if args.append_only else args.repeats):
             for workers in (1, 2):
@@ -151,9 +150,12 @@ def main() -> None:
                 config, home = celery_site
                 shutil.rmtree(config.parent / "vlm_data", ignore_errors=True)
                 since = time.time()
-                times["celery 2"].append(timed_run(config, home, 2, celery=True))
-                print(f"round {round_number + 1}, Celery, 2 workers: {times['celery 2'][-1]:.1f} s "
-                      f"({seconds_by_asset(home, since)})", flush=True)
+                # The cluster's PostgreSQL instance is named by environment variables, for the run and for
+                # this process reading its records; only there: the in-process sites keep instances of their own.
+                with environment_with(celery_env):
+                    times["celery 2"].append(timed_run(config, home, 2, celery=True))
+                    print(f"round {round_number + 1}, Celery, 2 workers: {times['celery 2'][-1]:.1f} s "
+                          f"({seconds_by_asset(home, since)})", flush=True)
             times["plain 1"].append(plain(manifest))
             times["plain 2 (halves)"].append(plain(folder / "first_half.jsonl", folder / "second_half.jsonl"))
             print(f"round {round_number + 1}, ceiling: one process {times['plain 1'][-1]:.1f} s, "
