@@ -410,7 +410,9 @@ def celery_cluster(workdir: Path, workers: int = 2) -> Iterator[dict[str, str]]:
         deadline = time.monotonic() + 180
         while len(answering_workers(broker)) < workers:
             if time.monotonic() > deadline or any(process.poll() is not None for process in processes):
-                raise SystemExit(f"Celery workers did not start; see {workdir}/worker*/worker.log")
+                logs = "".join(f"\n--- {log}:\n" + "".join(log.read_text().splitlines(keepends=True)[-10:])
+                               for log in sorted(workdir.glob("worker*/worker.log")))
+                raise SystemExit(f"Celery workers did not start; the end of their logs:{logs}")
         yield env
     finally:
         for process in reversed(processes):

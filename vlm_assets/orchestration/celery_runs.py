@@ -53,16 +53,25 @@ def printable_url(url: str) -> str:
 
 
 def answering_workers(broker: str) -> list[str]:
-    """Names of the Celery workers that answer a ping on `broker`."""
+    """Names of the Celery workers that answer a ping on `broker` (within PING_TIMEOUT_S)."""
+    return sorted(name for reply in _ping(broker) for name in reply)
+
+
+def worker_answers(broker: str, name: str) -> bool:
+    """Whether the worker `name` answers a ping on `broker`: known as soon as its reply comes, where a
+    ping of every worker waits PING_TIMEOUT_S for replies (a finished run's result waited that long)."""
+    return any(name in reply for reply in _ping(broker, destination=[name], limit=1))
+
+
+def _ping(broker: str, **options: object) -> list[dict]:
     from celery import Celery
     from kombu.exceptions import OperationalError
 
     with Celery("vlm-assets", broker=broker, set_as_current=False) as app:
         try:
-            replies = app.control.ping(timeout=PING_TIMEOUT_S)
+            return app.control.ping(timeout=PING_TIMEOUT_S, **options)
         except OperationalError as error:
             raise ValueError(f"cannot reach the Celery broker {printable_url(broker)} (${CELERY_BROKER_ENV}): {error}") from None
-    return sorted(name for reply in replies for name in reply)
 
 
 def require_celery_workers(echo: Callable[[str], None]) -> None:
@@ -131,7 +140,7 @@ def wait_for_result(result: AsyncResult, broker: str) -> dict:
             pass
         info = result.info if result.state == "STARTED" else None
         host = info.get("hostname") if isinstance(info, dict) else None
-        if host is None or host in answering_workers(broker):
+        if host is None or worker_answers(broker, host):
             silent_since = None
             continue
         silent_since = silent_since or time.monotonic()
