@@ -28,7 +28,10 @@ time.sleep(600)
 @pytest.fixture
 def machine_temp(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.delenv(STEP_PROCESSES_ENV_VAR, raising=False)
+    # Set before it is deleted, so that monkeypatch restores its absence too: the tasks below set it,
+    # and later tests in this process would otherwise split their steps over that many processes.
+    monkeypatch.setenv(STEP_PROCESSES_ENV_VAR, "1")
+    monkeypatch.delenv(STEP_PROCESSES_ENV_VAR)
     return tmp_path
 
 
