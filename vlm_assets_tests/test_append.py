@@ -117,13 +117,15 @@ def test_packed_records_are_kept_only_when_they_are_the_first_bins_records(tmp_p
     bins = [(0, ["a", "b"], [1, 2]), (1, ["c"], [3]), (2, ["d"], [4])]
     path = tmp_path / "chat.jsonl"
 
-    def write(*records: tuple[int, list[str]], end: str = "\n") -> int:
-        path.write_text("".join(json.dumps({"id": f"chat_ps_{bin_id:08d}", "sample_ids": ids}) + "\n"
+    def write(*records: tuple[int, list[str]], end: str = "\n", sample_type: str = "packed_multi_mix_qa") -> int:
+        path.write_text("".join(json.dumps({"id": f"chat_ps_{bin_id:08d}", "sample_type": sample_type,
+                                            "sample_ids": ids, "lengths": [1] * len(ids)}, separators=(",", ":")) + "\n"
                                 for bin_id, ids in records).rstrip("\n") + end)
-        return kept_records(path, bins, "chat")
+        return kept_records(path, bins, "chat", "packed_multi_mix_qa")
 
     assert write((0, ["a", "b"]), (1, ["c"])) == 2
     assert write((0, ["a", "b"]), (1, ["c", "x"])) == 0  # another bin's records
     assert write((0, ["a", "b"]), (2, ["d"])) == 0
     assert write((0, ["a", "b"]), (1, ["c"]), (2, ["d"]), (3, ["e"])) == 0  # more records than bins
     assert write((0, ["a", "b"]), (1, ["c"]), end="") == 0  # its last line cut short
+    assert write((0, ["a", "b"]), sample_type="captioning") == 0  # records of another sample type  # its last line cut short

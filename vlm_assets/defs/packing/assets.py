@@ -110,7 +110,7 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
     bins_path = layout.bins(source)
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
         # packing.mode append: the records of the bins kept first are kept as they are (their shards are too).
-        kept = kept_records(path, iter_bins(bins_path), source) if app.packing.mode == "append" and path.is_file() else 0
+        kept = kept_records(path, iter_bins(bins_path), source, sample_type) if app.packing.mode == "append" and path.is_file() else 0
         new_bins = itertools.islice(iter_bins(bins_path), kept, None)
         needed = {sample_id for _, sample_ids, _ in new_bins for sample_id in sample_ids} if kept else None
         with SampleLookup(layout.catalog(source), RECORD_COLUMNS, near=path, only=needed) as samples, \
