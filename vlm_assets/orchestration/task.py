@@ -23,6 +23,7 @@ from vlm_assets.orchestration.instance import open_instance
 from vlm_assets.orchestration.worker_output import output_log
 from vlm_assets.package.writer import sha256_file
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
+from vlm_assets.tokens.processor import shared_processor
 
 # Steps' INFO lines on the console logger: in a worker of `vlm-assets run` that is the workers' log
 # file (orchestration.worker_output), not the terminal.
@@ -65,10 +66,13 @@ Execute = Callable[[str, str, str | None, str, int | None, bool], TaskOutcome]
 @dataclass(frozen=True)
 class Submission:
     """Where runs execute: `execute` is what a local worker process does with each task (it must
-    pickle: a module-level function); `check_ready` refuses to start when nothing would take them."""
+    pickle: a module-level function); `check_ready` refuses to start when nothing would take them;
+    `load_processor`, where runs execute in the local workers themselves, what an idle one does
+    (given the config path; it returns its process id) to have the model's processor loaded before a run needs it."""
 
     execute: Execute
     check_ready: Callable[[Callable[[str], None]], None] = lambda echo: None
+    load_processor: Callable[[str], int] | None = None
 
 
 # Per config path, with the sha256 of the file it was built from: a Celery worker's pool process
@@ -125,7 +129,18 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
     return outcome
 
 
-IN_WORKER_PROCESS = Submission(execute_task)
+def load_processor_ahead(config_path: str) -> int:
+    """Load the model's processor in this worker process (once; seconds, mostly imports), so that a
+    `sample_lengths` run here, whose check loads it, need not wait for it. Returns the process's id."""
+    try:
+        _, _, vlm_config = worker_state(config_path)
+        shared_processor(vlm_config.app.model)
+    except Exception:  # the run that needs the processor loads it again, and reports why it fails
+        pass
+    return os.getpid()
+
+
+IN_WORKER_PROCESS = Submission(execute_task, load_processor=load_processor_ahead)
 
 
 def write_run_log(instance: dg.DagsterInstance, run_id: str, log_dir: Path) -> Path:

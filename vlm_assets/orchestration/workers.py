@@ -65,15 +65,19 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
         if exc is not None and is_outage(exc):
-            for worker in (worker for worker in self.workers if worker.is_alive()):
-                try:
-                    # Its whole session (see _worker_init): the step's own helper processes too.
-                    os.killpg(worker.pid, signal.SIGKILL)
-                except ProcessLookupError:  # not yet in a session of its own
-                    worker.kill()
-            self.shutdown(wait=True, cancel_futures=True)
+            self.stop_workers()
             return False
         return super().__exit__(exc_type, exc, traceback)
+
+    def stop_workers(self) -> None:
+        """Kill the workers and what they run now, and shut the pool down."""
+        for worker in (worker for worker in self.workers if worker.is_alive()):
+            try:
+                # Its whole session (see _worker_init): the step's own helper processes too.
+                os.killpg(worker.pid, signal.SIGKILL)
+            except ProcessLookupError:  # not yet in a session of its own
+                worker.kill()
+        self.shutdown(wait=True, cancel_futures=True)
 
 
 def start_workers(config_path: str, workers: int) -> WorkerPool:
