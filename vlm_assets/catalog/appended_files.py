@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from vlm_assets.catalog.appending import AppendRefused, Extension, FileMark, SavedMark
 from vlm_assets.catalog.build import FolderPart, MediaValidator, catalog_row
+from vlm_assets.catalog.media_checks import UnchangedMediaCheck
 from vlm_assets.catalog.readers.flat_dir import FolderListing, ObjectFolderListing
 from vlm_assets.catalog.records import RecordLimits
 from vlm_assets.catalog.schema import STATUS_OK
@@ -45,12 +46,14 @@ def files_digest(stamps: list[str]) -> str:
 
 
 def plan_folder_extension(source: SourceConfig, catalog: Path, mark_path: Path, settings: str, text_key: str,
-                          validator: MediaValidator, listing: FolderListing | ObjectFolderListing) -> Extension:
+                          validator: MediaValidator, listing: FolderListing | ObjectFolderListing,
+                          processes: int = 1) -> Extension:
     """How `catalog` extends to the record files added to `source` (listed in `listing`); raises
     AppendRefused when it does not.
 
-    Checks the media the kept rows rely on (recording them as used in the validator's check log)
-    and the rows a new file could concern again, so it is called while the catalogue is being rebuilt.
+    Starts the check of the media the kept rows rely on (on its own process, of `processes`: the
+    extension's `media`) and checks the rows a new file could concern again, so it is called while
+    the catalogue is being rebuilt.
     """
     if not isinstance(listing, FolderListing):
         raise AppendRefused("a flat_dir source on object storage is read in full (its unchanged media are not decoded again)")
@@ -69,18 +72,20 @@ def plan_folder_extension(source: SourceConfig, catalog: Path, mark_path: Path, 
                             "removed or added among them: new files must sort after the ones read)")
     if not catalog.is_file() or FileMark.of(catalog).sha256 != mark.catalog_sha256:
         raise AppendRefused("the catalogue is not the one the mark was written with")
-    changed = validator.check_log.keep_unchanged()
-    if changed:
-        raise AppendRefused(f"media checked before changed: {changed}")
-    table = pq.read_table(catalog, columns=["sample_id", "origin", "status", "media_files", "media_refs"])
-    if table.num_rows != mark.records:
-        raise AppendRefused("the catalogue's rows differ from the record files read")
-    origins = table.column("origin").to_pylist()
-    part = FolderPart(listing, mark.records, SeenIds(catalog, earlier=catalog))
-    limits = RecordLimits.of(source)
-    rechecked = {index: catalog_row(listing.record(index, limits), source.name, text_key, validator)
-                 for index in sorted(_rows_to_check_again(listing, table, origins))}
-    return Extension(part, mark.records, rechecked)
+    media = UnchangedMediaCheck(validator.check_log, processes)
+    try:
+        table = pq.read_table(catalog, columns=["sample_id", "origin", "status", "media_files", "media_refs"])
+        if table.num_rows != mark.records:
+            raise AppendRefused("the catalogue's rows differ from the record files read")
+        origins = table.column("origin").to_pylist()
+        part = FolderPart(listing, mark.records, SeenIds(catalog, earlier=catalog))
+        limits = RecordLimits.of(source)
+        rechecked = {index: catalog_row(listing.record(index, limits), source.name, text_key, validator)
+                     for index in sorted(_rows_to_check_again(listing, table, origins))}
+    except BaseException:
+        media.close()
+        raise
+    return Extension(part, mark.records, rechecked, media)
 
 
 def _rows_to_check_again(listing: FolderListing, table, origins: list[str]) -> set[int]:

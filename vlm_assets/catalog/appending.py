@@ -27,6 +27,7 @@ from vlm_assets.catalog.build import FolderPart, JsonlPart, MediaValidator, cata
 from vlm_assets.catalog.media_resolution import SourceScope, resolver_for
 from vlm_assets.catalog.readers.jsonl import IdSurvey, LineRange, entries_at_lines, survey_range
 from vlm_assets.catalog.readers.raw_record import RawRecord
+from vlm_assets.catalog.media_checks import UnchangedMediaCheck
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.seen_ids import SeenIds
 from vlm_assets.config import SourceConfig
@@ -110,19 +111,22 @@ class AppendRefused(Exception):
 @dataclass
 class Extension:
     """How to extend a catalogue: keep its first `kept_rows` rows, with `rechecked` ones (row index
-    -> row) replaced, then read `part`."""
+    -> row) replaced, then read `part`, provided that `media` finds the media the kept rows rely on
+    unchanged."""
 
     part: JsonlPart | FolderPart
     kept_rows: int
     rechecked: dict[int, dict]
+    media: UnchangedMediaCheck
 
 
 def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, settings: str, text_key: str,
-                   validator: MediaValidator) -> Extension:
+                   validator: MediaValidator, processes: int = 1) -> Extension:
     """How `catalog` extends to `source`'s appended lines; raises AppendRefused when it does not.
 
-    Checks the media the kept rows rely on (recording them as used in the validator's check log)
-    and the earlier rejects again, so it is called while the catalogue is being rebuilt.
+    Starts the check of the media the kept rows rely on (on its own process, of `processes`: the
+    extension's `media`) and checks the earlier rejects again, so it is called while the catalogue
+    is being rebuilt.
     """
     mark = ReadMark.load(mark_path)
     if mark is None:
@@ -145,15 +149,17 @@ def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, setting
     added = survey_range(source, part.lines(source), count_all=False)
     if (mark.survey + added).use_ids != mark.survey.use_ids:
         raise AppendRefused("the appended records change how all records are named (by id or by number)")
-    changed = validator.check_log.keep_unchanged()
-    if changed:
-        raise AppendRefused(f"media checked before changed: {changed}")
-    table = pq.read_table(catalog, columns=["sample_id", "origin", "status", "reason"])
-    if table.num_rows != mark.records:
-        raise AppendRefused("the catalogue's rows differ from the records read")
-    part.seen = SeenIds(catalog, earlier=catalog)
-    rechecked = _rejects_checked_again(source, mark, table, text_key, validator)
-    return Extension(part, table.num_rows, rechecked)
+    media = UnchangedMediaCheck(validator.check_log, processes)
+    try:
+        table = pq.read_table(catalog, columns=["sample_id", "origin", "status", "reason"])
+        if table.num_rows != mark.records:
+            raise AppendRefused("the catalogue's rows differ from the records read")
+        part.seen = SeenIds(catalog, earlier=catalog)
+        rechecked = _rejects_checked_again(source, mark, table, text_key, validator)
+    except BaseException:
+        media.close()
+        raise
+    return Extension(part, table.num_rows, rechecked, media)
 
 
 def _rejects_checked_again(source: SourceConfig, mark: ReadMark, table, text_key: str,

@@ -11,10 +11,12 @@ objects, in every process that checks media).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sqlite3
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from vlm_assets.catalog.media import is_object_ref, is_tar_ref, object_facts, tar_member_path
@@ -104,6 +106,17 @@ class MediaCheckLog:
     def keep_unchanged(self) -> str:
         """Every remembered pass whose file is unchanged counts as used by this build (its rows are
         kept, not checked again); returns the first whose file changed or vanished, or ""."""
+        changed = self.first_changed()
+        if not changed:
+            self.keep_all()
+        return changed
+
+    def keep_all(self) -> None:
+        """Count every remembered pass as used by this build: `first_changed` found none changed."""
+        self._kept_all = True
+
+    def first_changed(self) -> str:
+        """The first remembered pass whose file changed or vanished since it passed, or ""."""
         for ref, fingerprint in self.passes():
             if is_object_ref(ref) or (is_tar_ref(ref) and is_object_ref(tar_member_path(ref))):
                 try:
@@ -121,7 +134,6 @@ class MediaCheckLog:
             # are a million stat calls, and little else.
             if not fingerprint.startswith(f"{stat.st_size}:{stat.st_mtime_ns}:"):
                 return ref
-        self._kept_all = True
         return ""
 
     def passes(self) -> Iterator[tuple[str, str]]:
@@ -204,6 +216,49 @@ class MediaCheckLog:
         if self._connection is not None and self._connection.in_transaction:
             self._connection.commit()
         self._committed_at = time.monotonic()
+
+
+class UnchangedMediaCheck:
+    """`MediaCheckLog.keep_unchanged` of a build's log, going on while the build reads: in a process
+    of its own when the build may use more than one (a million remembered media are a million stat
+    calls, seconds). `changed` waits for its answer."""
+
+    def __init__(self, log: MediaCheckLog, processes: int) -> None:
+        self.log = log
+        self._pool: ProcessPoolExecutor | None = None
+        self._changed = ""
+        if processes > 1:
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            self._future = self._pool.submit(first_changed_pass, log.path)
+        else:
+            self._changed = log.first_changed()
+
+    def changed(self) -> str:
+        """The first remembered pass whose file changed or vanished, or "": every pass then counts
+        as used by this build."""
+        if self._pool is not None:
+            try:
+                self._changed = self._future.result()
+            finally:
+                self.close()
+        if not self._changed:
+            self.log.keep_all()
+        return self._changed
+
+    def close(self) -> None:
+        """Stop waiting for the answer (a build that ends without it)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def first_changed_pass(path: Path) -> str:
+    """`MediaCheckLog.first_changed` of the log at `path`, read in this process."""
+    log = MediaCheckLog(path, append=False)
+    try:
+        return log.first_changed()
+    finally:
+        log.close()
 
 
 def _connect(path: Path, writer: bool) -> sqlite3.Connection:

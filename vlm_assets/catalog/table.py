@@ -84,6 +84,10 @@ class SourceChangedError(RuntimeError):
     """The source's files changed (or vanished) while its catalogue was being read: no catalogue is published."""
 
 
+class _KeptMediaChanged(Exception):
+    """A medium the rows kept from the last build rely on changed since: the source is read in full."""
+
+
 
 
 def write_catalog(
@@ -98,6 +102,7 @@ def write_catalog(
     read_mark: Path | None = None,
     settings: str = "",
     before: Snapshot | None = None,
+    read_in_full: str = "",
 ) -> CatalogSummary:
     """Build `source`'s catalogue into `target` (atomically). `progress(rows so far)` after each write.
 
@@ -108,21 +113,24 @@ def write_catalog(
     flat_dir source by its added record files, when it can be (vlm_assets.catalog.appending and
     .appended_files, under the reading `settings`); the mark is written after. `before`: the source's
     snapshot when it was last walked (vlm_assets.fingerprints.walk_source), if that walk came before
-    this call; otherwise it is walked here.
+    this call; otherwise it is walked here. `read_in_full`: why the catalogue is not to be extended.
     """
     summary = CatalogSummary()
     if not exists(source.path):
         raise SourceChangedError(f"source {source.name!r}: {source.path} does not exist (any more)")
     if before is None:
         before = source_snapshot(source, excluded)
-    extension, part, mark = None, None, None
+    extension, part, mark, changed = None, None, None, ""
     if read_mark is not None and (is_json_lines(source) or source.kind == "flat_dir"):
         listing = folder_listing(source, SourceScope(source), stamped=True) if source.kind == "flat_dir" else None
         try:
+            if read_in_full:
+                raise AppendRefused(read_in_full)
             if listing is None:
-                extension = plan_extension(source, target, read_mark, settings, text_key, validator)
+                extension = plan_extension(source, target, read_mark, settings, text_key, validator, processes)
             else:
-                extension = plan_folder_extension(source, target, read_mark, settings, text_key, validator, listing)
+                extension = plan_folder_extension(source, target, read_mark, settings, text_key, validator, listing,
+                                                  processes)
         except AppendRefused as refused:
             summary.read_in_full = str(refused)
         part = extension.part if extension else JsonlPart(seen=SeenIds(target)) if listing is None \
@@ -149,11 +157,20 @@ def write_catalog(
                 raise SourceChangedError(
                     f"source {source.name!r}: {source.path} {state} while it was read; nothing was published, "
                     "run again once it is complete")
+            if extension and (changed := extension.media.changed()):
+                raise _KeptMediaChanged(changed)
+    except _KeptMediaChanged as error:
+        changed = str(error)
     finally:
         if validator.check_log is not None:
             validator.check_log.close()
         if part is not None:
             part.seen.close()
+        if extension:
+            extension.media.close()
+    if changed:
+        return write_catalog(source, target, text_key, validator, processes, progress, chunk_work, excluded, read_mark,
+                             settings, before, read_in_full=f"media checked before changed: {changed}")
     if validator.check_log is not None:
         validator.check_log.compact()
     if read_mark is not None:
