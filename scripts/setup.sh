@@ -12,3 +12,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet -e ".[test]"
   touch "$stamp"
 fi
+# The package's bytecode, as an installed wheel has it: every process a run starts (workers, step
+# helpers) would otherwise compile its modules again where Python is told not to write bytecode
+# (PYTHONDONTWRITEBYTECODE, common in containers).
+.venv/bin/python -m compileall -q vlm_assets
