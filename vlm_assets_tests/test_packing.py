@@ -394,6 +394,25 @@ def test_shards_hold_original_bytes_split_by_maxcount_and_rerun_is_byte_identica
     assert check_shard_members(list_shards(out), jsonl).problems == []
 
 
+def test_shard_members_are_checked_against_records_written_in_any_key_order(mix_layout, tmp_path):
+    jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
+    records = list(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix"))))
+    out = tmp_path / "mix"
+    write_shards(records, out, maxcount=2, maxsize=10**9)
+    lines = [json.loads(line) for line in jsonl.read_bytes().splitlines()]
+    # A conversation that spells the key the check looks for, as text (quotes escaped in a string).
+    lines[0]["messages"][0][0]["content"] = 'see ,"media_files":[["x.jpg"]] and ,"sample_type":"y"'
+    # A file written by another tool: keys in another order, media_files first.
+    reordered = tmp_path / "reordered.jsonl"
+    reordered.write_text("".join(json.dumps(dict(sorted(record.items(), key=lambda item: item[0] != "media_files")))
+                                 + "\n" for record in lines))
+    assert check_shard_members(list_shards(out), reordered).problems == []
+    lines[-1]["media_files"][-1].append("img9.jpg")
+    reordered.write_text("".join(json.dumps(record, separators=(",", ":")) + "\n" for record in lines))
+    [problem] = check_shard_members(list_shards(out), reordered).problems
+    assert "whose members differ from their record" in problem and "img9.jpg" in problem
+
+
 def test_shards_checked_before_are_not_read_again_while_they_and_their_records_are_unchanged(mix_layout, tmp_path):
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
     records = list(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix"))))

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from vlm_assets.atomic import atomic_path, remove_stale_temp_files
 from vlm_assets.catalog import lookup
@@ -242,10 +243,9 @@ def _shard_writers(threads: int, remote: bool) -> Executor:
 def _line_chunks(jsonl_path: Path, skip: int = 0) -> Iterator[tuple[Path, int, list[bytes]]]:
     """(the file, number of the first line, lines) of about JSONL_CHUNK_BYTES each, after the first `skip` lines."""
     with open(jsonl_path, "rb") as handle:
+        _skip_lines(handle, skip)
         first, lines, size = skip + 1, [], 0
-        for number, line in enumerate(handle, start=1):
-            if number <= skip:
-                continue
+        for number, line in enumerate(handle, start=skip + 1):
             lines.append(line)
             size += len(line)
             if size >= JSONL_CHUNK_BYTES:
@@ -253,6 +253,28 @@ def _line_chunks(jsonl_path: Path, skip: int = 0) -> Iterator[tuple[Path, int, l
                 first, lines, size = number + 1, [], 0
         if lines:
             yield jsonl_path, first, lines
+
+
+_SKIP_BLOCK = 8 << 20
+
+
+def _skip_lines(handle: BinaryIO, count: int) -> None:
+    """Move `handle` past its first `count` lines (or to its end), counting them a block at a time:
+    the records kept by an append are most of a big packed_json."""
+    while count:
+        start = handle.tell()
+        block = handle.read(_SKIP_BLOCK)
+        if not block:
+            return
+        newlines = block.count(b"\n")
+        if newlines < count:
+            count -= newlines
+            continue
+        end = -1
+        for _ in range(count):
+            end = block.index(b"\n", end + 1)
+        handle.seek(start + end + 1)
+        return
 
 
 def _prepare_lines(chunk: tuple[Path, int, list[bytes]]) -> list[list[_Member]]:
