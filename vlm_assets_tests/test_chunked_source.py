@@ -28,7 +28,7 @@ from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, ordered_map, step_proces
 from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
-from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, ChunkStore, rows_to_recheck, sample_kind, write_length_table
+from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, POOL_MIN_CHUNKS, ChunkStore, rows_to_recheck, sample_kind, write_length_table
 from vlm_assets_tests.run_support import initialised_home, run, start_run
 
 MODEL = ModelConfig(processor_kwargs={"min_pixels": 3136, "max_pixels": 1003520})
@@ -168,14 +168,19 @@ def test_a_length_table_cut_short_resumes_from_its_finished_chunks_and_gives_the
 def test_chunked_lengths_on_two_processes_equal_one_process_and_the_whole_source_at_once(catalog, tmp_path):
     one, two = tmp_path / "one.parquet", tmp_path / "two.parquet"
     progress: list[tuple[int, int]] = []
-    summary_one = write_length_table(catalog, one, MODEL, FRAME_CACHE, 1, chunk_rows=CHUNK_ROWS)
+    # Chunks small enough for a pool (fewer than POOL_MIN_CHUNKS are measured on one process).
+    chunk_rows = 150 // (POOL_MIN_CHUNKS + 2)
+    summary_one = write_length_table(catalog, one, MODEL, FRAME_CACHE, 1, chunk_rows=chunk_rows)
     summary_two = write_length_table(
-        catalog, two, MODEL, FRAME_CACHE, 2, lambda done, total: progress.append((done, total)), chunk_rows=CHUNK_ROWS
+        catalog, two, MODEL, FRAME_CACHE, 2, lambda done, total: progress.append((done, total)), chunk_rows=chunk_rows
     )
     assert summary_two.processes == 2 and summary_one.processes == 1
     assert one.read_bytes() == two.read_bytes()
     rows = summary_one.samples
-    assert progress == [(min(done, rows), rows) for done in range(CHUNK_ROWS, rows + CHUNK_ROWS, CHUNK_ROWS)]
+    assert progress == [(min(done, rows), rows) for done in range(chunk_rows, rows + chunk_rows, chunk_rows)]
+    few = write_length_table(catalog, tmp_path / "few.parquet", MODEL, FRAME_CACHE, 2, chunk_rows=CHUNK_ROWS)
+    assert few.processes == 1
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "few.parquet"), pd.read_parquet(one))
 
     # Reference: every sample of the source counted in one call, no chunks.
     frame = pd.read_parquet(catalog)

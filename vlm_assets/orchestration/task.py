@@ -24,6 +24,7 @@ from vlm_assets.orchestration.worker_output import output_log
 from vlm_assets.package.writer import sha256_file
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.tokens.processor import shared_processor
+from vlm_assets.tokens.table import start_measuring
 
 # Steps' INFO lines on the console logger: in a worker of `vlm-assets run` that is the workers' log
 # file (orchestration.worker_output), not the terminal.
@@ -131,11 +132,16 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
 
 def load_processor_ahead(config_path: str) -> int:
     """Load the model's processor in this worker process (once; seconds, mostly imports), so that a
-    `sample_lengths` run here, whose check loads it, need not wait for it. Returns the process's id."""
+    `sample_lengths` run here, whose check loads it, need not wait for it; and set it up to measure
+    chunks of the first source, as a `sample_length_chunk` run would first. Returns the process's id."""
     try:
         _, _, vlm_config = worker_state(config_path)
-        shared_processor(vlm_config.app.model)
-    except Exception:  # the run that needs the processor loads it again, and reports why it fails
+        app = vlm_config.app
+        shared_processor(app.model)
+        sources = vlm_config.sources()
+        if sources:
+            start_measuring(app.model, app.frame_cache, sources[0].rejects_control_tokens)
+    except Exception:  # the run that needs them sets them up again, and reports why it fails
         pass
     return os.getpid()
 

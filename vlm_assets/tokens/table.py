@@ -57,6 +57,9 @@ from vlm_assets.tokens.processor import processor_fingerprint
 from vlm_assets.tokens.text import SpecText, TextCounter, stored_text_spec
 
 LENGTH_CHUNK_ROWS = STORE_ROWS
+# A pool costs a start-up (a process spawned, its imports, the text spec's tokenizer built; a processor
+# load where no text spec is stored): seconds, which fewer chunks than this take to measure on one process.
+POOL_MIN_CHUNKS = 8
 CATALOG_COLUMNS_READ = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs"]
 LENGTH_SCHEMA = pa.schema(
     [(column, pa.string()) for column in LENGTH_COLUMNS[:3]] + [(column, pa.int64()) for column in LENGTH_COLUMNS[3:]]
@@ -118,7 +121,7 @@ class ChunkStore:
 
 
 class _ChunkMeasurer:
-    """How this process measures a chunk's samples, set up by _start_measuring.
+    """How this process measures a chunk's samples, set up by start_measuring.
 
     Samples the fast path counts are measured with the text alone (the stored text spec, no
     processor), to be completed where the processor is loaded; the others are counted here by
@@ -163,7 +166,9 @@ class _ChunkMeasurer:
 _measurer: _ChunkMeasurer | None = None
 
 
-def _start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool) -> None:
+def start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool) -> None:
+    """Set this process up to measure chunks of samples (the text spec's tokenizer built): each
+    process of `write_length_table` does first, and a worker may ahead of its chunk runs."""
     global _measurer
     # Kept for the next run in this process (a worker measures chunk after chunk): building it parses
     # the stored text spec and a tokenizer, a second of work and memory that each run left behind.
@@ -173,7 +178,7 @@ def _start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig, reject_c
 
 
 def _measure_rows(catalog_rows: list[dict]) -> list[LengthResult | MeasuredSample]:
-    assert _measurer is not None, "_start_measuring runs first in every process"
+    assert _measurer is not None, "start_measuring runs first in every process"
     return _measurer.measure(catalog_rows)
 
 
@@ -267,8 +272,7 @@ def write_length_table(
             if stored is None:
                 yield batch.to_pylist()
 
-    # A pool costs a start-up (a processor load where no text spec is stored); one chunk is not worth it.
-    processes = processes if total > chunk_rows else 1
+    processes = processes if total > POOL_MIN_CHUNKS * chunk_rows else 1
     done, reused, ok_lengths = 0, 0, []
     # A table of the whole source reports its processor (and its check loads it anyway); a chunk needs it only for what
     # the stored media tokens lack.
@@ -304,7 +308,7 @@ def write_length_table(
             waiting.clear()
 
         # The load is Python (imports) and needs this process's interpreter: measuring here would halve its pace.
-        for measured in ordered_map(_measure_rows, chunks_to_measure(), processes, _start_measuring,
+        for measured in ordered_map(_measure_rows, chunks_to_measure(), processes, start_measuring,
                                     (model, frame_cache, reject_control_tokens),
                                     may_work_here=load.ready):
             while order[0][1] is not None:  # stored chunks before this one
