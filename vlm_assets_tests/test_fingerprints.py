@@ -215,3 +215,25 @@ def test_a_source_walk_digests_every_file_once_by_path_name_size_and_mtime(tmp_p
     walked = walk_source(source, [])
     assert walked.digest == digest("jsonl", str(source.path), str(media), limits, listed)
     assert len(listed) == 9  # the link counts, as the file it leads to; the hidden file does not
+
+
+def test_a_source_snapshot_split_among_processes_counts_every_file_once(tmp_path):
+    from vlm_assets.config import SourceConfig
+    from vlm_assets.fingerprints import source_snapshot, walk_source
+
+    media = tmp_path / "media"
+    (media / "nested").mkdir(parents=True)
+    for number in range(40):
+        (media / ("nested" if number % 3 else ".") / f"img{number}.jpg").write_bytes(b"x" * number)
+    (media / ".hidden.jpg").write_bytes(b"hidden")
+    (media / "nested" / "link.jpg").symlink_to(media / "img0.jpg")
+    (media / "dangling.jpg").symlink_to(media / "gone.jpg")
+    (tmp_path / "train.jsonl").write_text("{}\n")
+    source = SourceConfig("s", "jsonl", tmp_path / "train.jsonl", media)  # a media root of its own: walked too
+
+    one = source_snapshot(source, [])
+    assert one == walk_source(source, []).snapshot
+    assert one[0] == 40 + 1 + 1  # the images, the link (as the file it leads to), the manifest
+    assert source_snapshot(source, [], processes=2) == source_snapshot(source, [], processes=3) == one
+    (media / "nested" / "img7.jpg").write_bytes(b"y" * 7)  # same size, newer
+    assert source_snapshot(source, [], processes=2) != one

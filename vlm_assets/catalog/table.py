@@ -119,7 +119,7 @@ def write_catalog(
     if not exists(source.path):
         raise SourceChangedError(f"source {source.name!r}: {source.path} does not exist (any more)")
     if before is None:
-        before = source_snapshot(source, excluded)
+        before = source_snapshot(source, excluded, processes)
     extension, part, mark, changed = None, None, None, ""
     if read_mark is not None and (is_json_lines(source) or source.kind == "flat_dir"):
         listing = folder_listing(source, SourceScope(source), stamped=True) if source.kind == "flat_dir" else None
@@ -151,7 +151,7 @@ def write_catalog(
             elif part is not None:
                 mark = folder_mark_of(part, summary.samples, settings, FileMark.of(tmp).sha256)
             # Rows read from a source that moved under us would be a partial catalogue that looks complete.
-            after = source_snapshot(source, excluded) if exists(source.path) else None
+            after = source_snapshot(source, excluded, processes) if exists(source.path) else None
             if after != before:
                 state = "vanished" if after is None else f"changed ({before[0]} files, {before[1]} bytes before; {after[0]}, {after[1]} after)"
                 raise SourceChangedError(
