@@ -143,7 +143,9 @@ def prepare_energon_dataset(
         meta_dir = staging / MAIN_FOLDER_NAME
         if keep:
             _add_kept_entries(root / MAIN_FOLDER_NAME, meta_dir, relative, keep)
-        _canonicalize_sqlite(meta_dir / INDEX_SQLITE_FILENAME)
+        else:
+            staged_index = meta_dir / INDEX_SQLITE_FILENAME
+            _write_canonical_index(staged_index, [_IndexRows(staged_index, 0, in_order=False)])
         dataset_yaml = {
             "__module__": "megatron.energon",
             "__class__": DATASET_CLASS,
@@ -235,29 +237,14 @@ def _add_kept_entries(live_meta: Path, staged_meta: Path, relative: list[str], k
     """Complete the staged metadata of the new shards (`relative[keep:]`) with the live entries of the first `keep`.
 
     What Energon writes for all of them: every kept row first, the new shards' rows numbered
-    after the kept shards; the shard counts in shard order; one split naming every shard.
+    after the kept shards; the shard counts in shard order; one split naming every shard. The
+    live index is ours, so its rows are in canonical order already: only the new ones are sorted.
     """
     from megatron.energon.bracecollapse import collapse
 
     staged_index = staged_meta / INDEX_SQLITE_FILENAME
-    combined = staged_meta / f"{INDEX_SQLITE_FILENAME}.combined"
-    shutil.copyfile(live_meta / INDEX_SQLITE_FILENAME, combined)
-    with contextlib.closing(sqlite3.connect(combined)) as index:
-        index.execute("ATTACH DATABASE ? AS added", (str(staged_index),))
-        tables = {row[0] for row in index.execute("SELECT name FROM added.sqlite_master WHERE type = 'table'")}
-        if tables != set(_ROW_ORDER):
-            raise RuntimeError(f"Energon's index has tables {sorted(tables)}; expected {sorted(_ROW_ORDER)}")
-        index.execute(
-            "INSERT INTO main.samples (tar_file_id, sample_key, sample_index, byte_offset, byte_size) "
-            "SELECT tar_file_id + ?, sample_key, sample_index, byte_offset, byte_size FROM added.samples", (keep,))
-        index.execute(
-            "INSERT INTO main.sample_parts (tar_file_id, sample_index, part_name, content_byte_offset, content_byte_size) "
-            "SELECT tar_file_id + ?, sample_index, part_name, content_byte_offset, content_byte_size FROM added.sample_parts",
-            (keep,))
-        index.commit()
-        index.execute("DETACH DATABASE added")
-    shutil.copymode(staged_index, combined)
-    os.replace(combined, staged_index)
+    _write_canonical_index(staged_index, [_IndexRows(live_meta / INDEX_SQLITE_FILENAME, 0, in_order=True),
+                                          _IndexRows(staged_index, keep, in_order=False)])
 
     info_path = staged_meta / INFO_JSON_FILENAME
     live_info, added_info = (json.loads(path.read_text()) for path in (live_meta / INFO_JSON_FILENAME, info_path))
@@ -292,39 +279,60 @@ def _link_shards(root: Path, staging: Path, relative: list[str]) -> None:
         link.symlink_to((root / name).absolute())
 
 
-def _canonicalize_sqlite(path: Path) -> None:
-    """Rewrite Energon's index with its rows in a fixed order and the same schema.
+@dataclass(frozen=True)
+class _IndexRows:
+    """The rows of one Energon index file, to go into a canonical index."""
 
-    Energon's workers hand in shards as they finish, so row order, and with it the
-    file's bytes, would otherwise change from one prepare to the next.
+    path: Path
+    tar_file_offset: int  # added to their tar_file_id (the shards of `path` come after that many)
+    in_order: bool  # already in canonical order (an index written by `_write_canonical_index`)
+
+
+def _write_canonical_index(target: Path, parts: list[_IndexRows]) -> None:
+    """Write (or replace) Energon's index at `target` with the rows of `parts`, one after the other,
+    in a fixed order and with the schema of the first.
+
+    Energon's workers hand in shards as they finish, so row order, and with it the file's bytes,
+    would otherwise change from one prepare to the next. The rows of the parts must follow each
+    other in that order (later parts: later shards).
     """
-    rebuilt = path.with_name(f"{path.name}.canonical")
-    with contextlib.closing(sqlite3.connect(rebuilt)) as target:
+    rebuilt = target.with_name(f"{target.name}.canonical")
+    rebuilt.unlink(missing_ok=True)
+    with contextlib.closing(sqlite3.connect(rebuilt)) as index:
         # A file of our own until it replaces the index: no rollback journal, and sorting in memory.
-        target.execute("PRAGMA journal_mode = OFF")
-        target.execute("PRAGMA temp_store = MEMORY")
-        target.execute("ATTACH DATABASE ? AS energon", (str(path),))
-        schema = target.execute(
-            "SELECT type, name, sql FROM energon.sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' ORDER BY rowid"
+        index.execute("PRAGMA journal_mode = OFF")
+        index.execute("PRAGMA temp_store = MEMORY")
+        aliases = [f"part{number}" for number in range(len(parts))]
+        for alias, part in zip(aliases, parts):
+            index.execute(f"ATTACH DATABASE ? AS {alias}", (str(part.path),))
+        schema = index.execute(
+            f"SELECT type, name, sql FROM {aliases[0]}.sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' "
+            "ORDER BY rowid"
         ).fetchall()
         tables = [(name, sql) for kind, name, sql in schema if kind == "table"]
+        if {name for name, _ in tables} != set(_ROW_ORDER):
+            raise RuntimeError(f"Energon's index has tables {sorted(name for name, _ in tables)}; expected {sorted(_ROW_ORDER)}")
         for name, sql in tables:
-            target.execute(sql)
-            columns = [row[1] for row in target.execute(f"PRAGMA energon.table_info({_quoted(name)})")]
-            leading = _ROW_ORDER.get(name, ())
-            order = [*leading, *(column for column in columns if column not in leading)]
-            target.execute(
-                f"INSERT INTO main.{_quoted(name)} SELECT * FROM energon.{_quoted(name)} "
-                f"ORDER BY {', '.join(_quoted(column) for column in order)}"
-            )
+            index.execute(sql)
+            columns = [row[1] for row in index.execute(f"PRAGMA {aliases[0]}.table_info({_quoted(name)})")]
+            leading = _ROW_ORDER[name]
+            order = ", ".join(_quoted(column) for column in [*leading, *(column for column in columns if column not in leading)])
+            for alias, part in zip(aliases, parts):
+                selected = ", ".join(f"{_quoted(column)} + {part.tar_file_offset} AS {_quoted(column)}"
+                                     if column == "tar_file_id" else _quoted(column) for column in columns)
+                index.execute(
+                    f"INSERT INTO main.{_quoted(name)} ({', '.join(map(_quoted, columns))}) "
+                    f"SELECT {selected} FROM {alias}.{_quoted(name)}" + ("" if part.in_order else f" ORDER BY {order}")
+                )
         for kind, _, sql in schema:
             if kind != "table":
-                target.execute(sql)
-        target.commit()
-        target.execute("DETACH DATABASE energon")
-        target.execute("VACUUM")
-    shutil.copymode(path, rebuilt)
-    os.replace(rebuilt, path)
+                index.execute(sql)
+        index.commit()
+        for alias in aliases:
+            index.execute(f"DETACH DATABASE {alias}")
+        index.execute("VACUUM")
+    shutil.copymode(target, rebuilt)
+    os.replace(rebuilt, target)
 
 
 def _quoted(identifier: str) -> str:
