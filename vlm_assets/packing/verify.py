@@ -126,18 +126,22 @@ class CheckedShards:
 @dataclass(frozen=True)
 class _RecordLine:
     key: str
-    members: frozenset[str]
+    media_files: list[list[str]]
     sha256: bytes
+
+    @property
+    def members(self) -> set[str]:
+        """The tar member names its sample must have."""
+        return {f"{self.key}.json"} | {f"{self.key}.{name}" for names in self.media_files for name in names}
 
 
 def _record_lines(jsonl_path: Path) -> list[_RecordLine]:
-    """For each record in `packed_json`, in order: its id, the tar member names its sample must have, its line's digest."""
+    """For each record in `packed_json`, in order: its id, its media files, its line's digest."""
     lines = []
     with open(jsonl_path, "rb") as handle:
         for line in handle:
             key, media_files = _id_and_media_files(line)
-            members = {f"{key}.json"} | {f"{key}.{name}" for names in media_files for name in names}
-            lines.append(_RecordLine(key, frozenset(members), hashlib.sha256(line).digest()))
+            lines.append(_RecordLine(key, media_files, hashlib.sha256(line).digest()))
     return lines
 
 
@@ -185,7 +189,7 @@ def check_shard_members(shards: list[Path], jsonl_path: Path, processes: int = 1
     if len(to_read) < SHARDS_PER_PROCESS_FOR_A_POOL * processes:
         processes = 1  # a pool's start-up (a second) would cost more than it saves
     names_of = dict(zip(to_read, ordered_map(_member_names, to_read, processes)))
-    found: dict[str, set[str]] = {}
+    found: dict[str, set[str]] = {}  # the members of each sample read from a shard
     home: dict[str, str] = {}
     problems = []
     passed: list[CheckedShard] = []
@@ -194,10 +198,15 @@ def check_shard_members(shards: list[Path], jsonl_path: Path, processes: int = 1
     for shard in shards:
         entry = reusable.get(shard)
         if entry and position is not None and _lines_digest(lines[position:position + entry.records]) == entry.lines_sha256:
-            names = sorted(name for line in lines[position:position + entry.records] for name in line.members)
-        else:
-            entry, names = None, names_of.get(shard) or _member_names(shard)
-            read += 1
+            # Unchanged since it was read and found to hold exactly these lines' members: they are its samples.
+            for line in lines[position:position + entry.records]:
+                if home.setdefault(line.key, shard.name) != shard.name:
+                    problems.append(f"sample {line.key!r} appears in both {home[line.key]} and {shard.name}")
+            passed.append(entry)
+            position += entry.records
+            continue
+        names = names_of.get(shard) or _member_names(shard)
+        read += 1
         if not names:
             problems.append(f"{shard.name} is empty")
         if names != sorted(names):
@@ -211,26 +220,24 @@ def check_shard_members(shards: list[Path], jsonl_path: Path, processes: int = 1
                 keys.append(key)
             found.setdefault(key, set()).add(name)
         held = lines[position:position + len(keys)] if position is not None else []
-        if entry is None and position is not None and sorted(keys) == sorted(line.key for line in held):
-            entry = CheckedShard(ShardStamp.of(shard.parent, shard.name), len(keys), _lines_digest(held))
-        if entry is None:
-            position = None  # the shards no longer follow packed_json line by line: record no more of them
+        if position is not None and sorted(keys) == sorted(line.key for line in held):
+            passed.append(CheckedShard(ShardStamp.of(shard.parent, shard.name), len(keys), _lines_digest(held)))
+            position += len(keys)
         else:
-            passed.append(entry)
-            position += entry.records
-    expected = {line.key: set(line.members) for line in lines}
-    missing = sorted(set(expected) - set(found))
+            position = None  # the shards no longer follow packed_json line by line: record no more of them
+    expected = {line.key: line for line in lines}
+    missing = sorted(set(expected) - set(home))
     if missing:
         problems.append(f"{plural(len(missing), 'record')} missing from the shards: {_listed(missing)}")
-    extra = sorted(set(found) - set(expected))
+    extra = sorted(set(home) - set(expected))
     if extra:
         problems.append(f"{plural(len(extra), 'tar sample')} not in packed_json: {_listed(extra)}")
-    mismatched = sorted(key for key in set(found) & set(expected) if found[key] != expected[key])
+    mismatched = sorted(key for key in set(found) & set(expected) if found[key] != expected[key].members)
     if mismatched:
         key = mismatched[0]
         problems.append(
             f"{plural(len(mismatched), 'sample')} whose members differ from their record, e.g. {key!r}: "
-            f"tar has {sorted(found[key])}, record names {sorted(expected[key])}"
+            f"tar has {sorted(found[key])}, record names {sorted(expected[key].members)}"
         )
     if checked is not None:
         checked.replace([] if problems else passed)
