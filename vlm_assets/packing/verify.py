@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import tarfile
 from collections import Counter
 from collections.abc import Iterable
+from typing import BinaryIO
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -126,22 +128,20 @@ class CheckedShards:
 @dataclass(frozen=True)
 class _RecordLine:
     key: str
-    media_files: list[list[str]]
     sha256: bytes
+    # Where the line is in packed_json: its media files are parsed only where a shard is read (most
+    # of an appended source's shards are taken as checked, and its lines are a million media names).
+    offset: int
+    size: int
 
-    @property
-    def members(self) -> set[str]:
-        """The tar member names its sample must have."""
-        return {f"{self.key}.json"} | {f"{self.key}.{name}" for names in self.media_files for name in names}
 
-
-def _record_lines(jsonl_path: Path) -> list[_RecordLine]:
-    """For each record in `packed_json`, in order: its id, its media files, its line's digest."""
+def _record_lines(packed: BinaryIO) -> list[_RecordLine]:
+    """For each record in `packed_json` (open), in order: its id, its line's digest and place."""
     lines = []
-    with open(jsonl_path, "rb") as handle:
-        for line in handle:
-            key, media_files = _id_and_media_files(line)
-            lines.append(_RecordLine(key, media_files, hashlib.sha256(line).digest()))
+    offset = 0
+    for line in packed:
+        lines.append(_RecordLine(_record_id(line), hashlib.sha256(line).digest(), offset, len(line)))
+        offset += len(line)
     return lines
 
 
@@ -151,11 +151,29 @@ _MEDIA_FILES = b',"media_files":'
 _DECODER = json.JSONDecoder()
 
 
+def _record_id(line: bytes) -> str:
+    """A packed record's id, read where encode_record writes it (first, then `sample_type`); a line
+    written otherwise is parsed whole."""
+    id_end = line.find(_AFTER_ID)
+    if line.startswith(_ID_START) and id_end > 0:
+        with contextlib.suppress(ValueError):
+            key = json.loads(line[len(_ID_START):id_end])
+            if isinstance(key, str):
+                return key
+    return json.loads(line)["id"]
+
+
+def _members(packed: BinaryIO, line: _RecordLine) -> set[str]:
+    """The tar member names the sample of `line` must have."""
+    packed.seek(line.offset)
+    key, media_files = _id_and_media_files(packed.read(line.size))
+    return {f"{key}.json"} | {f"{key}.{name}" for names in media_files for name in names}
+
+
 def _id_and_media_files(line: bytes) -> tuple[str, list[list[str]]]:
     """A packed record's id and media_files, read where encode_record writes them (the id first,
     then `sample_type`; `media_files` after the conversations, the last key of that name: inside a
-    string a quote is escaped), without parsing the conversations: most of a million records' bytes.
-    A line written otherwise is parsed whole."""
+    string a quote is escaped), without parsing the conversations. A line written otherwise is parsed whole."""
     id_end, media_at = line.find(_AFTER_ID), line.rfind(_MEDIA_FILES)
     if line.startswith(_ID_START) and 0 < id_end < media_at:
         key = json.loads(line[len(_ID_START):id_end])
@@ -183,7 +201,12 @@ def check_shard_members(shards: list[Path], jsonl_path: Path, processes: int = 1
     a shard it holds unchanged whose lines in packed_json are unchanged too is taken as checked
     without being read, and `checked` then holds the shards of this check (none if it failed).
     """
-    lines = _record_lines(jsonl_path)
+    with open(jsonl_path, "rb") as packed:
+        return _check_shard_members(shards, packed, processes, checked)
+
+
+def _check_shard_members(shards: list[Path], packed: BinaryIO, processes: int, checked: CheckedShards | None) -> MemberCheck:
+    lines = _record_lines(packed)
     reusable = {shard: entry for shard in shards if checked and (entry := checked.unchanged(shard))}
     to_read = [shard for shard in shards if shard not in reusable]
     if len(to_read) < SHARDS_PER_PROCESS_FOR_A_POOL * processes:
@@ -232,12 +255,12 @@ def check_shard_members(shards: list[Path], jsonl_path: Path, processes: int = 1
     extra = sorted(set(home) - set(expected))
     if extra:
         problems.append(f"{plural(len(extra), 'tar sample')} not in packed_json: {_listed(extra)}")
-    mismatched = sorted(key for key in set(found) & set(expected) if found[key] != expected[key].members)
+    mismatched = sorted(key for key in set(found) & set(expected) if found[key] != _members(packed, expected[key]))
     if mismatched:
         key = mismatched[0]
         problems.append(
             f"{plural(len(mismatched), 'sample')} whose members differ from their record, e.g. {key!r}: "
-            f"tar has {sorted(found[key])}, record names {sorted(expected[key].members)}"
+            f"tar has {sorted(found[key])}, record names {sorted(_members(packed, expected[key]))}"
         )
     if checked is not None:
         checked.replace([] if problems else passed)
