@@ -454,6 +454,8 @@ def test_a_chunk_whose_image_sizes_were_counted_before_needs_no_processor(big_so
     sizes = {(height, width) for path in Path(big_source.media_root).glob("*.jpg") for width, height in [Image.open(path).size]}
     used = {size for size in sizes if size in stored.by_size}
     assert used and all(stored.by_size[size] == counter.image_tokens_for_size(*size) for size in used)
+    # A new counter of these processor files takes the clip count from the table: it is the processor's.
+    assert stored.per_clip == counter.video_tokens_per_clip
 
     def no_processor(_model):
         raise AssertionError("the processor was loaded")

@@ -110,8 +110,10 @@ def length_counter(model: ModelConfig, frame_cache: FrameCacheConfig, reject_con
     if stored_text_spec(model) is None and (spec := text_spec_of(processor)) is not None:
         store_text_spec(model, spec)
     counter = LengthCounter(processor, frame_cache, modalities=modalities, reject_control_tokens=reject_control_tokens)
-    if modalities.fast_videos:
-        counter.video_tokens_per_clip  # computed once, here, off the counting path
+    if modalities.fast_videos and stored_media_tokens(model, frame_cache).per_clip is None:
+        # Computed once, here, off the counting path (a clip through the video processor: seconds),
+        # unless a processor of these files counted it before.
+        counter.video_tokens_per_clip
     return counter
 
 
@@ -221,7 +223,9 @@ def store_media_tokens(model: ModelConfig, frame_cache: FrameCacheConfig, counte
     additions: they are counted again, by a processor, when next needed)."""
     stored = stored_media_tokens(model, frame_cache)
     by_size = {**stored.by_size, **counter.image_tokens_by_size}
-    per_clip = counter.video_tokens_per_clip if counter.modalities.fast_videos else stored.per_clip
+    per_clip = stored.per_clip
+    if per_clip is None and counter.modalities.fast_videos:
+        per_clip = counter.video_tokens_per_clip
     if len(by_size) == len(stored.by_size) and per_clip == stored.per_clip:
         return
     images = [[height, width, tokens] for (height, width), tokens in list(by_size.items())[:MEDIA_TOKEN_SIZES]]
