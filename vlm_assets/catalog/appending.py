@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import numpy as np
 import pyarrow as pa
@@ -60,15 +60,35 @@ class FileMark:
     @classmethod
     def of(cls, path: Location, stop: int | None = None) -> FileMark:
         """Of the file's first `stop` bytes (default: all of it)."""
-        digest, size, lines, last = hashlib.sha256(), 0, 0, b""
+        return FileHash().read(path, stop).mark
+
+
+@dataclass
+class FileHash:
+    """The sha256, length and newline count of a file's first bytes, going on: the mark of the file
+    once lines were appended continues it instead of reading those bytes again (hundreds of MB)."""
+
+    digest: Any = field(default_factory=hashlib.sha256)
+    bytes: int = 0
+    lines: int = 0
+    last: bytes = b""
+
+    def read(self, path: Location, stop: int | None = None) -> FileHash:
+        """A copy continued with the file's bytes from `self.bytes` to `stop` (default: its end)."""
+        digest, size, lines, last = self.digest.copy(), self.bytes, self.lines, self.last
         with open_location(path) as handle:
+            handle.seek(size)
             while stop is None or size < stop:
                 block = handle.read(_HASH_BLOCK if stop is None else min(_HASH_BLOCK, stop - size))
                 if not block:
                     break
                 digest.update(block)
                 size, lines, last = size + len(block), lines + block.count(b"\n"), block[-1:]
-        return cls(size, digest.hexdigest(), lines, last == b"\n")
+        return FileHash(digest, size, lines, last)
+
+    @property
+    def mark(self) -> FileMark:
+        return FileMark(self.bytes, self.digest.hexdigest(), self.lines, self.last == b"\n")
 
 
 class SavedMark:
@@ -118,6 +138,7 @@ class Extension:
     kept_rows: int
     rechecked: dict[int, dict]
     media: UnchangedMediaCheck
+    read_before: FileHash | None = None  # of a JSON-lines file's bytes before `part`
 
 
 def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, settings: str, text_key: str,
@@ -141,7 +162,8 @@ def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, setting
     size = location_size(path)
     if size <= mark.bytes:
         raise AppendRefused(f"the file is not longer than the {mark.bytes} bytes read before")
-    if FileMark.of(path, mark.bytes).sha256 != mark.sha256:
+    read_before = FileHash().read(path, mark.bytes)
+    if read_before.mark.sha256 != mark.sha256:
         raise AppendRefused(f"its first {mark.bytes} bytes (read before) changed")
     if not catalog.is_file() or FileMark.of(catalog).sha256 != mark.catalog_sha256:
         raise AppendRefused("the catalogue is not the one the mark was written with")
@@ -159,7 +181,7 @@ def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, setting
     except BaseException:
         media.close()
         raise
-    return Extension(part, table.num_rows, rechecked, media)
+    return Extension(part, table.num_rows, rechecked, media, read_before)
 
 
 def _rejects_checked_again(source: SourceConfig, mark: ReadMark, table, text_key: str,
@@ -187,10 +209,12 @@ def _rejects_checked_again(source: SourceConfig, mark: ReadMark, table, text_key
     return rechecked
 
 
-def mark_of(source: SourceConfig, part: JsonlPart, records: int, settings: str, catalog_sha256: str) -> ReadMark | None:
+def mark_of(source: SourceConfig, part: JsonlPart, records: int, settings: str, catalog_sha256: str,
+            read_before: FileHash | None = None) -> ReadMark | None:
     """The read mark of a build that read `part` to the end of the file, or None when the file does
-    not end with a whole line (a line still being written may go on)."""
-    file = FileMark.of(resolved(source.path))
+    not end with a whole line (a line still being written may go on). `read_before`: the hash of the
+    bytes before the part, when they were hashed already."""
+    file = (read_before or FileHash()).read(resolved(source.path)).mark
     if not file.ends_with_newline or part.survey is None:
         return None
     survey = part.survey

@@ -147,7 +147,8 @@ def write_catalog(
                     groups.add(pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA))
                 groups.close()
             if isinstance(part, JsonlPart):
-                mark = mark_of(source, part, summary.samples, settings, FileMark.of(tmp).sha256)
+                mark = mark_of(source, part, summary.samples, settings, FileMark.of(tmp).sha256,
+                               extension.read_before if extension else None)
             elif part is not None:
                 mark = folder_mark_of(part, summary.samples, settings, FileMark.of(tmp).sha256)
             # Rows read from a source that moved under us would be a partial catalogue that looks complete.
