@@ -19,11 +19,13 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from vlm_assets.catalog.media import is_object_ref, is_tar_ref, object_facts, tar_member_path
-from vlm_assets.object_store import head
+from vlm_assets.catalog.media import OBJECT_PREFIX, TAR_PREFIX, is_object_ref, is_tar_ref, object_facts, tar_member_path
+from vlm_assets.object_store import URL_SCHEME, head
 
 
 RESOLVED_RECENTLY_S = 30.0
+# How the refs of media that are not a plain file begin: a tar member's, an object's.
+_NOT_A_PATH = (TAR_PREFIX, OBJECT_PREFIX, URL_SCHEME)
 # A pass of an object medium keeps what its check learnt of the content after this separator
 # ("<extension>:<height>x<width>"), so a later build need not read the object to learn it again.
 FACTS_SEPARATOR = "|"
@@ -118,7 +120,10 @@ class MediaCheckLog:
     def first_changed(self) -> str:
         """The first remembered pass whose file changed or vanished since it passed, or ""."""
         for ref, fingerprint in self.passes():
-            if is_object_ref(ref) or (is_tar_ref(ref) and is_object_ref(tar_member_path(ref))):
+            # A plain file's ref is its path: told apart by one prefix test (a million media, a million tests).
+            if not ref.startswith(_NOT_A_PATH):
+                file = ref
+            elif is_object_ref(ref) or is_object_ref(tar_member_path(ref)):
                 try:
                     identity = _identity(ref, live=True)
                 except OSError:
@@ -126,8 +131,10 @@ class MediaCheckLog:
                 if not fingerprint.startswith(f"{identity}:"):
                     return ref
                 continue
+            else:
+                file = tar_member_path(ref)
             try:
-                stat = os.stat(tar_member_path(ref) if is_tar_ref(ref) else ref)
+                stat = os.stat(file)
             except OSError:
                 return ref
             # media_fingerprint's size and mtime, compared as the fingerprint's start: a million media
