@@ -21,7 +21,7 @@ import json
 import multiprocessing
 import os
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from operator import itemgetter
@@ -103,36 +103,45 @@ def walk_source(source: SourceConfig, excluded: Iterable[Path]) -> SourceFiles:
     if source.on_object_store:
         return _walk_object_source(source)
     skip = {os.path.realpath(path) for path in excluded}
-    by_root = {root: _tree_entries(Path(root), skip) for root in sorted({source.path, source.media_root, *source.allowed_roots})}
-    entries = [entry for root in sorted(by_root) for entry in by_root[root]]
+    roots = sorted({Path(root) for root in (source.path, source.media_root, *source.allowed_roots)})
+    by_root = {root: list(_walk_tree(root, skip)) for root in roots}
+    entries = [entry for root in roots for entry in by_root[root]]
     limits = [[str(root) for root in source.allowed_roots], source.max_record_bytes, source.max_json_depth,
               source.max_image_pixels]
     # Ordering by path alone is the order of the entries themselves (a path is listed twice only where
     # roots overlap, alike), at a third of the cost of comparing them whole (seconds for a million files).
     entries.sort(key=itemgetter(0))
-    snapshot = _snapshot(entry for root in _snapshot_roots(source) for entry in by_root[root])
-    return SourceFiles(_walk_digest([source.kind, str(source.path), str(source.media_root), limits], entries), snapshot)
+    snapshot = _snapshot(entry for root in _snapshot_roots(source) for entry in by_root[Path(root)])
+    overlap = any(other in root.parents for root in roots for other in roots)
+    return SourceFiles(_walk_digest([source.kind, str(source.path), str(source.media_root), limits], entries, overlap),
+                       snapshot)
 
 
 _DIGEST_BATCH = 65_536
 
 
-def _walk_digest(head: list[Any], entries: list[tuple[str, int, int]]) -> str:
-    """`digest(*head, unique)` of the sorted `entries` with repeats dropped, hashed a batch of entries
-    at a time: the JSON of a million entries at once took seconds and a copy of them as text."""
+def _walk_digest(head: list[Any], entries: list[tuple[str, int, int]], may_repeat: bool = True) -> str:
+    """`digest(*head, unique)` of the sorted `entries` with repeats dropped (`may_repeat`: there may
+    be some), hashed a batch of entries at a time: the JSON of a million entries at once took
+    seconds and a copy of them as text."""
     hasher = hashlib.sha256(json.dumps(head, sort_keys=True, default=str)[:-1].encode() + b", [")
     previous: tuple[str, int, int] | None = None
     separator = ""
     for start in range(0, len(entries), _DIGEST_BATCH):
-        parts = []
-        for entry in entries[start:start + _DIGEST_BATCH]:
-            if entry == previous:
+        batch = entries[start:start + _DIGEST_BATCH]
+        if may_repeat:
+            batch = [entry for entry, before in zip(batch, [previous, *batch]) if entry != before]
+            if not batch:
                 continue
-            path, size, mtime = previous = entry
-            parts.append(f'["{path}", {size}, {mtime}]' if _plain(path) else json.dumps([path, size, mtime]))
-        if parts:
-            hasher.update((separator + ", ".join(parts)).encode())
-            separator = ", "
+            previous = batch[-1]
+        # Each path written between quotes as it is, then the batch's text checked at once: JSON
+        # spells it so unless a path holds a quote, a backslash, or a character not printable ASCII.
+        text = ", ".join([f'["{path}", {size}, {mtime}]' for path, size, mtime in batch])
+        if not (text.isascii() and text.isprintable() and "\\" not in text and text.count('"') == 2 * len(batch)):
+            text = ", ".join([f'["{path}", {size}, {mtime}]' if _plain(path) else json.dumps([path, size, mtime])
+                              for path, size, mtime in batch])
+        hasher.update((separator + text).encode())
+        separator = ", "
     hasher.update(b"]]")
     return hasher.hexdigest()[:20]
 
@@ -191,11 +200,8 @@ def source_snapshot(source: SourceConfig, excluded: Iterable[Path], processes: i
 def _snapshot_share(roots: list[str], skip: set[str], share: int, shares: int) -> Snapshot:
     """`source_snapshot` of the files under `roots` whose names are in `share` of `shares`."""
     # Summed as the walk lists them: a list of a million files' entries would be 250 MB.
-    totals = _SnapshotTotals()
     takes = None if shares == 1 else lambda name: zlib.crc32(name.encode("utf-8", "surrogateescape")) % shares == share
-    for root in roots:
-        _walk_tree(Path(root), skip, totals, takes)
-    return totals.files, totals.size, totals.newest
+    return _snapshot(entry for root in roots for entry in _walk_tree(Path(root), skip, takes))
 
 
 def _snapshot_roots(source: SourceConfig) -> list[Path | ObjectURL]:
@@ -207,39 +213,23 @@ def _snapshot_roots(source: SourceConfig) -> list[Path | ObjectURL]:
 
 
 def _snapshot(entries: Iterable[tuple[str, int, int]]) -> Snapshot:
-    totals = _SnapshotTotals()
-    for entry in entries:
-        totals.append(entry)
-    return totals.files, totals.size, totals.newest
-
-
-class _SnapshotTotals:
-    """Files, bytes and newest mtime of the entries appended (a walk's sink, in place of a list)."""
-
-    def __init__(self) -> None:
-        self.files = self.size = self.newest = 0
-
-    def append(self, entry: tuple[str, int, int]) -> None:
-        _path, size, mtime = entry
+    files = total = newest = 0
+    for _path, size, mtime in entries:
         if size >= 0:  # a dangling link has no size
-            self.files, self.size, self.newest = self.files + 1, self.size + size, max(self.newest, mtime)
+            files, total = files + 1, total + size
+            if mtime > newest:
+                newest = mtime
+    return files, total, newest
 
 
-def _tree_entries(root: Path, skip: set[str]) -> list[tuple[str, int, int]]:
-    entries: list[tuple[str, int, int]] = []
-    _walk_tree(root, skip, entries)
-    return entries
-
-
-def _walk_tree(root: Path, skip: set[str], entries: list[tuple[str, int, int]] | _SnapshotTotals,
-               takes: Callable[[str], bool] | None = None) -> None:
-    """Each file's (path, size, mtime) under `root` appended to `entries`, folder by folder; with
-    `takes`, only those of the files whose names it takes."""
+def _walk_tree(root: Path, skip: set[str], takes: Callable[[str], bool] | None = None) -> Iterator[tuple[str, int, int]]:
+    """Each file's (path, size, mtime) under `root`, folder by folder; with `takes`, only those of
+    the files whose names it takes. A dangling link's size and mtime are -1. Folders (symlinked
+    ones too) are walked into; hidden entries and `skip` trees are left out."""
     if root.is_file():
-        if takes is not None and not takes(root.name):
-            return
-        stat = root.stat()
-        entries.append((str(root), stat.st_size, stat.st_mtime_ns))
+        if takes is None or takes(root.name):
+            stat = root.stat()
+            yield str(root), stat.st_size, stat.st_mtime_ns
         return
     # A plain file is an excluded one only if its name is: resolving every file's path would cost
     # more than the rest of the walk (a source holds millions of images).
@@ -249,39 +239,34 @@ def _walk_tree(root: Path, skip: set[str], entries: list[tuple[str, int, int]] |
         folders: list[str] = []
         try:
             # The listing's own entries (no path joined and parsed again per file): a third faster
-            # than os.walk with an lstat per file, for a million media files.
+            # than os.walk with an lstat per file, for a million media files. One loop, no call per
+            # file: a million files' calls are a second.
             with os.scandir(pending.pop()) as listing:
                 for entry in listing:
-                    _add_entry(entry, skip, skipped_names, entries, folders, takes)
+                    name = entry.name
+                    try:
+                        is_folder = entry.is_dir()
+                    except OSError:
+                        is_folder = False
+                    if is_folder:
+                        if not name.startswith(".") and os.path.realpath(entry.path) not in skip:
+                            folders.append(entry.path)
+                        continue
+                    if name.startswith(".") or (takes is not None and not takes(name)):
+                        continue
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                        if S_ISLNK(info.st_mode) or name in skipped_names:
+                            if os.path.realpath(entry.path) in skip:
+                                continue
+                            info = os.stat(entry.path)
+                    except OSError:
+                        yield entry.path, -1, -1  # a dangling link still counts: its rejection is an output
+                        continue
+                    yield entry.path, info.st_size, info.st_mtime_ns
         except OSError:
             continue  # an unreadable folder, as os.walk skips it
         pending.extend(sorted(folders, reverse=True))
-
-
-def _add_entry(entry: os.DirEntry, skip: set[str], skipped_names: set[str],
-               entries: list[tuple[str, int, int]] | _SnapshotTotals, folders: list[str],
-               takes: Callable[[str], bool] | None) -> None:
-    """A folder (symlinked ones too) to `folders`, a file's (path, size, mtime) to `entries` (if `takes` it)."""
-    try:
-        is_folder = entry.is_dir()
-    except OSError:
-        is_folder = False
-    if is_folder:
-        if not entry.name.startswith(".") and os.path.realpath(entry.path) not in skip:
-            folders.append(entry.path)
-        return
-    if entry.name.startswith(".") or (takes is not None and not takes(entry.name)):
-        return
-    try:
-        info = entry.stat(follow_symlinks=False)
-        if S_ISLNK(info.st_mode) or entry.name in skipped_names:
-            if os.path.realpath(entry.path) in skip:
-                return
-            info = os.stat(entry.path)
-    except OSError:
-        entries.append((entry.path, -1, -1))  # a dangling link still counts: its rejection is an output
-        return
-    entries.append((entry.path, info.st_size, info.st_mtime_ns))
 
 
 class Fingerprints:
