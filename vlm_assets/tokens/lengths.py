@@ -168,7 +168,9 @@ class LengthCounter:
         video_loader: VideoFrameLoader = decode_video_frames,
         modalities: Modalities | None = None,
         reject_control_tokens: bool = True,
+        tokens_per_clip: int | None = None,
     ) -> None:
+        """`tokens_per_clip`: a video's tokens, when a processor of the same files counted them before."""
         self.processor = processor
         self.frame_cache = frame_cache
         self.video_loader = video_loader
@@ -176,6 +178,7 @@ class LengthCounter:
         self.reject_control_tokens = reject_control_tokens
         self.text = ProcessorText(processor)
         self._tokens_by_size: dict[tuple[int, int], int] = {}
+        self._tokens_per_clip = tokens_per_clip
 
     # ---- shared -------------------------------------------------------------------------
     def render(self, messages_json: str) -> str:
@@ -259,7 +262,10 @@ class LengthCounter:
 
     @property
     def video_tokens_per_clip(self) -> int:
-        return _video_tokens_for_shape(self.processor, self.frame_cache.num_frames, self.frame_cache.frame_size)
+        if self._tokens_per_clip is None:
+            self._tokens_per_clip = _video_tokens_for_shape(self.processor, self.frame_cache.num_frames,
+                                                            self.frame_cache.frame_size)
+        return self._tokens_per_clip
 
     def count(self, samples: Sequence[SampleForLength], batch_size: int = 256) -> list[LengthResult]:
         """Each sample's length: the fast path where it is proven for the sample's modalities, else the exact path."""

@@ -100,8 +100,11 @@ def check_model_type(model: ModelConfig, profile: ProcessorProfile) -> None:
         )
 
 
-def length_counter(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool = True) -> LengthCounter:
-    """This process's counter for `model`: the processor loaded once, its fast path proven (or taken from disk)."""
+def length_counter(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool = True,
+                   tokens_per_clip: int | None = None) -> LengthCounter:
+    """This process's counter for `model`: the processor loaded once, its fast path proven (or taken from disk).
+    `tokens_per_clip`: a video's tokens as a processor of these files counted them before (a clip
+    through the video processor takes seconds)."""
     processor = shared_processor(model)
     modalities = stored_modalities(model, frame_cache)
     if modalities is None:
@@ -109,11 +112,10 @@ def length_counter(model: ModelConfig, frame_cache: FrameCacheConfig, reject_con
         _store(_profile_path(model, frame_cache), asdict(modalities))
     if stored_text_spec(model) is None and (spec := text_spec_of(processor)) is not None:
         store_text_spec(model, spec)
-    counter = LengthCounter(processor, frame_cache, modalities=modalities, reject_control_tokens=reject_control_tokens)
-    if modalities.fast_videos and stored_media_tokens(model, frame_cache).per_clip is None:
-        # Computed once, here, off the counting path (a clip through the video processor: seconds),
-        # unless a processor of these files counted it before.
-        counter.video_tokens_per_clip
+    counter = LengthCounter(processor, frame_cache, modalities=modalities, reject_control_tokens=reject_control_tokens,
+                            tokens_per_clip=tokens_per_clip)
+    if modalities.fast_videos and tokens_per_clip is None:
+        counter.video_tokens_per_clip  # computed once, here, off the counting path
     return counter
 
 
@@ -218,9 +220,14 @@ def stored_media_tokens(model: ModelConfig, frame_cache: FrameCacheConfig) -> Me
         return MediaTokens({})
 
 
-def store_media_tokens(model: ModelConfig, frame_cache: FrameCacheConfig, counter: LengthCounter) -> None:
+def store_media_tokens(model: ModelConfig, frame_cache: FrameCacheConfig, counter: LengthCounter,
+                       known: MediaTokens | None = None) -> None:
     """Add what `counter` counted to the stored table (processes racing may drop each other's
-    additions: they are counted again, by a processor, when next needed)."""
+    additions: they are counted again, by a processor, when next needed). `known`: the table as
+    read before counting; when it holds all the counter counted, the table is not read again."""
+    if known is not None and counter.image_tokens_by_size.keys() <= known.by_size.keys() \
+            and (known.per_clip is not None or not counter.modalities.fast_videos):
+        return
     stored = stored_media_tokens(model, frame_cache)
     by_size = {**stored.by_size, **counter.image_tokens_by_size}
     per_clip = stored.per_clip

@@ -209,7 +209,7 @@ class _CounterLoad:
 
     def _load(self) -> None:
         try:
-            counter = length_counter(*self._args)
+            counter = length_counter(*self._args, tokens_per_clip=self.media_tokens.per_clip)
             if self._on_loaded is not None:
                 self._on_loaded(processor_profile(counter))
             self._counter = counter
@@ -323,7 +323,7 @@ def write_length_table(
     lengths = np.concatenate(ok_lengths) if ok_lengths else np.zeros(0, dtype=np.int64)
     profile = None
     if load.started:
-        store_media_tokens(model, frame_cache, load.counter())
+        store_media_tokens(model, frame_cache, load.counter(), load.media_tokens)
         profile = processor_profile(load.counter())
     return LengthTableSummary(total, processes, lengths, profile, reused)
 
