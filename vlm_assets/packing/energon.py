@@ -330,7 +330,6 @@ def _write_canonical_index(target: Path, parts: list[_IndexRows]) -> None:
         index.commit()
         for alias in aliases:
             index.execute(f"DETACH DATABASE {alias}")
-        index.execute("VACUUM")
     shutil.copymode(target, rebuilt)
     os.replace(rebuilt, target)
 
