@@ -16,13 +16,14 @@ An asset's code revision is its entry in vlm_assets.asset_registry.REVISIONS.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
 import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
@@ -179,19 +180,24 @@ def source_files_digest(source: SourceConfig, excluded: Iterable[Path]) -> str:
     return walk_source(source, excluded).digest
 
 
-def source_snapshot(source: SourceConfig, excluded: Iterable[Path], processes: int = 1) -> Snapshot:
+def source_snapshot(source: SourceConfig, excluded: Iterable[Path], processes: int = 1,
+                    helpers: Executor | None = None) -> Snapshot:
     """(files, bytes, newest mtime) of what the source's records are read from: its path, and a media
     root of its own (not one it shares with others, such as the folder a manifest sits in), walked
     as its digest walks them. With `processes` above one, each of that many processes stats a share
-    of the files (by their names): a million files take seconds."""
+    of the files (by their names): a million files take seconds. `helpers`: spawned processes
+    already at hand for the other shares (otherwise started here)."""
     if source.on_object_store:
         return _walk_object_source(source).snapshot
     skip = {os.path.realpath(path) for path in excluded}
     roots = [str(root) for root in _snapshot_roots(source)]
     if processes <= 1:
         return _snapshot_share(roots, skip, 0, 1)
-    with ProcessPoolExecutor(max_workers=processes - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        others = [pool.submit(_snapshot_share, roots, skip, share, processes) for share in range(1, processes)]
+    with contextlib.ExitStack() as stack:
+        if helpers is None:
+            helpers = stack.enter_context(ProcessPoolExecutor(max_workers=processes - 1,
+                                                              mp_context=multiprocessing.get_context("spawn")))
+        others = [helpers.submit(_snapshot_share, roots, skip, share, processes) for share in range(1, processes)]
         shares = [_snapshot_share(roots, skip, 0, processes), *(future.result() for future in others)]
     files, size, newest = zip(*shares)
     return sum(files), sum(size), max(newest)

@@ -9,6 +9,7 @@ per process are in flight: memory stays bounded by the chunk size, not by the so
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -116,6 +117,22 @@ def ordered_map(
         finally:
             # A failed chunk (or a consumer that stops early) ends the step: queued chunks are dropped.
             pool.shutdown(cancel_futures=True)
+
+
+@contextlib.contextmanager
+def helper_processes(count: int) -> Iterator[ProcessPoolExecutor | None]:
+    """`count` spawned processes for one step's side tasks (None for none), started on first use and
+    shared by those tasks: each start is a new interpreter and its imports, on the step's own time.
+    On exit, tasks not started are dropped and the step does not wait for one still running."""
+    if count < 1:
+        yield None
+        return
+    pool = ProcessPoolExecutor(max_workers=count, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=skip_teardown_at_exit)
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 _END: Any = object()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,12 +48,12 @@ def files_digest(stamps: list[str]) -> str:
 
 def plan_folder_extension(source: SourceConfig, catalog: Path, mark_path: Path, settings: str, text_key: str,
                           validator: MediaValidator, listing: FolderListing | ObjectFolderListing,
-                          processes: int = 1) -> Extension:
+                          helpers: Executor | None = None) -> Extension:
     """How `catalog` extends to the record files added to `source` (listed in `listing`); raises
     AppendRefused when it does not.
 
-    Starts the check of the media the kept rows rely on (on its own process, of `processes`: the
-    extension's `media`) and checks the rows a new file could concern again, so it is called while
+    Starts the check of the media the kept rows rely on (on one of the build's `helpers`, spawned
+    processes, when it has some: the extension's `media`) and checks the rows a new file could concern again, so it is called while
     the catalogue is being rebuilt.
     """
     if not isinstance(listing, FolderListing):
@@ -72,7 +73,7 @@ def plan_folder_extension(source: SourceConfig, catalog: Path, mark_path: Path, 
                             "removed or added among them: new files must sort after the ones read)")
     if not catalog.is_file() or FileMark.of(catalog).sha256 != mark.catalog_sha256:
         raise AppendRefused("the catalogue is not the one the mark was written with")
-    media = UnchangedMediaCheck(validator.check_log, processes)
+    media = UnchangedMediaCheck(validator.check_log, helpers)
     try:
         table = pq.read_table(catalog, columns=["sample_id", "origin", "status", "media_files", "media_refs"])
         if table.num_rows != mark.records:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -142,11 +143,11 @@ class Extension:
 
 
 def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, settings: str, text_key: str,
-                   validator: MediaValidator, processes: int = 1) -> Extension:
+                   validator: MediaValidator, helpers: Executor | None = None) -> Extension:
     """How `catalog` extends to `source`'s appended lines; raises AppendRefused when it does not.
 
-    Starts the check of the media the kept rows rely on (on its own process, of `processes`: the
-    extension's `media`) and checks the earlier rejects again, so it is called while the catalogue
+    Starts the check of the media the kept rows rely on (on one of the build's `helpers`, spawned
+    processes, when it has some: the extension's `media`) and checks the earlier rejects again, so it is called while the catalogue
     is being rebuilt.
     """
     mark = ReadMark.load(mark_path)
@@ -171,7 +172,7 @@ def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, setting
     added = survey_range(source, part.lines(source), count_all=False)
     if (mark.survey + added).use_ids != mark.survey.use_ids:
         raise AppendRefused("the appended records change how all records are named (by id or by number)")
-    media = UnchangedMediaCheck(validator.check_log, processes)
+    media = UnchangedMediaCheck(validator.check_log, helpers)
     try:
         table = pq.read_table(catalog, columns=["sample_id", "origin", "status", "reason"])
         if table.num_rows != mark.records:

@@ -11,12 +11,11 @@ objects, in every process that checks media).
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import sqlite3
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, Future
 from pathlib import Path
 
 from vlm_assets.catalog.media import OBJECT_PREFIX, TAR_PREFIX, is_object_ref, is_tar_ref, object_facts, tar_member_path
@@ -226,37 +225,34 @@ class MediaCheckLog:
 
 
 class UnchangedMediaCheck:
-    """`MediaCheckLog.keep_unchanged` of a build's log, going on while the build reads: in a process
-    of its own when the build may use more than one (a million remembered media are a million stat
-    calls, seconds). `changed` waits for its answer."""
+    """`MediaCheckLog.keep_unchanged` of a build's log, going on while the build reads: on one of
+    the build's `helpers` (spawned processes) when it has some (a million remembered media are a
+    million stat calls, seconds), else here and now. `changed` waits for its answer."""
 
-    def __init__(self, log: MediaCheckLog, processes: int) -> None:
+    def __init__(self, log: MediaCheckLog, helpers: Executor | None) -> None:
         self.log = log
-        self._pool: ProcessPoolExecutor | None = None
+        self._future: Future[str] | None = None
         self._changed = ""
-        if processes > 1:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            self._future = self._pool.submit(first_changed_pass, log.path)
+        if helpers is not None:
+            self._future = helpers.submit(first_changed_pass, log.path)
         else:
             self._changed = log.first_changed()
 
     def changed(self) -> str:
         """The first remembered pass whose file changed or vanished, or "": every pass then counts
         as used by this build."""
-        if self._pool is not None:
-            try:
-                self._changed = self._future.result()
-            finally:
-                self.close()
+        if self._future is not None:
+            self._changed = self._future.result()
+            self._future = None
         if not self._changed:
             self.log.keep_all()
         return self._changed
 
     def close(self) -> None:
         """Stop waiting for the answer (a build that ends without it)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        if self._future is not None:
+            self._future.cancel()
+            self._future = None
 
 
 def first_changed_pass(path: Path) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from vlm_assets.catalog.seen_ids import SeenIds
 from vlm_assets.config import SourceConfig
 from vlm_assets.fingerprints import Snapshot, source_snapshot
 from vlm_assets.object_store import exists
+from vlm_assets.parallel import helper_processes
 from vlm_assets.wording import shortened
 
 LIST_COLUMNS = ("media_files", "media_kinds", "media_refs", "media_keys")
@@ -115,11 +117,21 @@ def write_catalog(
     snapshot when it was last walked (vlm_assets.fingerprints.walk_source), if that walk came before
     this call; otherwise it is walked here. `read_in_full`: why the catalogue is not to be extended.
     """
+    # The check of the kept rows' media and the walk after reading share the build's spawned helpers.
+    with helper_processes(processes - 1) as helpers:
+        return _write_catalog(source, target, text_key, validator, processes, progress, chunk_work, excluded,
+                              read_mark, settings, before, read_in_full, helpers)
+
+
+def _write_catalog(source: SourceConfig, target: Path, text_key: str, validator: MediaValidator, processes: int,
+                   progress: Callable[[int], None] | None, chunk_work: int, excluded: Iterable[Path],
+                   read_mark: Path | None, settings: str, before: Snapshot | None, read_in_full: str,
+                   helpers: Executor | None) -> CatalogSummary:
     summary = CatalogSummary()
     if not exists(source.path):
         raise SourceChangedError(f"source {source.name!r}: {source.path} does not exist (any more)")
     if before is None:
-        before = source_snapshot(source, excluded, processes)
+        before = source_snapshot(source, excluded, processes, helpers)
     extension, part, mark, changed = None, None, None, ""
     if read_mark is not None and (is_json_lines(source) or source.kind == "flat_dir"):
         listing = folder_listing(source, SourceScope(source), stamped=True) if source.kind == "flat_dir" else None
@@ -127,10 +139,10 @@ def write_catalog(
             if read_in_full:
                 raise AppendRefused(read_in_full)
             if listing is None:
-                extension = plan_extension(source, target, read_mark, settings, text_key, validator, processes)
+                extension = plan_extension(source, target, read_mark, settings, text_key, validator, helpers)
             else:
                 extension = plan_folder_extension(source, target, read_mark, settings, text_key, validator, listing,
-                                                  processes)
+                                                  helpers)
         except AppendRefused as refused:
             summary.read_in_full = str(refused)
         part = extension.part if extension else JsonlPart(seen=SeenIds(target)) if listing is None \
@@ -152,7 +164,7 @@ def write_catalog(
             elif part is not None:
                 mark = folder_mark_of(part, summary.samples, settings, FileMark.of(tmp).sha256)
             # Rows read from a source that moved under us would be a partial catalogue that looks complete.
-            after = source_snapshot(source, excluded, processes) if exists(source.path) else None
+            after = source_snapshot(source, excluded, processes, helpers) if exists(source.path) else None
             if after != before:
                 state = "vanished" if after is None else f"changed ({before[0]} files, {before[1]} bytes before; {after[0]}, {after[1]} after)"
                 raise SourceChangedError(
@@ -170,8 +182,8 @@ def write_catalog(
         if extension:
             extension.media.close()
     if changed:
-        return write_catalog(source, target, text_key, validator, processes, progress, chunk_work, excluded, read_mark,
-                             settings, before, read_in_full=f"media checked before changed: {changed}")
+        return _write_catalog(source, target, text_key, validator, processes, progress, chunk_work, excluded, read_mark,
+                              settings, before, f"media checked before changed: {changed}", helpers)
     if validator.check_log is not None:
         validator.check_log.compact()
     if read_mark is not None:
