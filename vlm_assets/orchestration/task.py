@@ -24,6 +24,7 @@ from vlm_assets.orchestration.worker_output import output_log
 from vlm_assets.package.writer import sha256_file
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.tokens.processor import shared_processor
+from vlm_assets.tokens.profile import stored_media_tokens
 from vlm_assets.tokens.table import start_measuring
 
 # Steps' INFO lines on the console logger: in a worker of `vlm-assets run` that is the workers' log
@@ -133,7 +134,8 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
 def load_processor_ahead(config_path: str) -> int:
     """Load the model's processor in this worker process (once; seconds, mostly imports), so that a
     `sample_lengths` run here, whose check loads it, need not wait for it; and set it up to measure
-    chunks of the first source, as a `sample_length_chunk` run would first. Returns the process's id."""
+    chunks of the first source, as a `sample_length_chunk` run would first, with the stored media
+    tokens read. Returns the process's id."""
     try:
         _, _, vlm_config = worker_state(config_path)
         app = vlm_config.app
@@ -141,6 +143,7 @@ def load_processor_ahead(config_path: str) -> int:
         sources = vlm_config.sources()
         if sources:
             start_measuring(app.model, app.frame_cache, sources[0].rejects_control_tokens)
+        stored_media_tokens(app.model, app.frame_cache)  # kept for the runs that complete chunks with it
     except Exception:  # the run that needs them sets them up again, and reports why it fails
         pass
     return os.getpid()

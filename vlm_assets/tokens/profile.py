@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from importlib.metadata import version
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -32,7 +36,7 @@ from vlm_assets.tokens.lengths import (
     modalities_of,
     supports_fast_path,
 )
-from vlm_assets.tokens.processor import default_cache_dir, processor_fingerprint, shared_processor
+from vlm_assets.tokens.processor import RECENT_WRITE_NS, default_cache_dir, processor_fingerprint, shared_processor
 from vlm_assets.tokens.text import store_text_spec, stored_text_spec, text_spec_of
 
 PROFILE_VERSION = 1
@@ -196,7 +200,7 @@ class MediaTokens:
     """Image tokens per (height, width) and video tokens per clip, as a processor counted them before:
     a chunk whose samples need no other sizes is completed without loading the processor (seconds)."""
 
-    by_size: dict[tuple[int, int], int]
+    by_size: Mapping[tuple[int, int], int]
     per_clip: int | None = None
 
     def covers(self, measured: MeasuredSample) -> bool:
@@ -212,10 +216,25 @@ class MediaTokens:
 
 
 def stored_media_tokens(model: ModelConfig, frame_cache: FrameCacheConfig) -> MediaTokens:
+    """The stored table, read once per process while its file stays as it is: a worker's chunk runs
+    and its `sample_lengths` use it in turn, and a table of many image sizes is a second of JSON."""
+    path = _media_tokens_path(model, frame_cache)
     try:
-        fields = json.loads(_media_tokens_path(model, frame_cache).read_text(encoding="utf-8"))
+        stat = path.stat()
+    except OSError:
+        return MediaTokens({})
+    # A file written moments ago may be written again within the same timestamp tick: read afresh.
+    if time.time_ns() - stat.st_mtime_ns < RECENT_WRITE_NS:
+        return _read_media_tokens.__wrapped__(path, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return _read_media_tokens(path, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=4)
+def _read_media_tokens(path: Path, _inode: int, _size: int, _mtime_ns: int) -> MediaTokens:
+    try:
+        fields = json.loads(path.read_text(encoding="utf-8"))
         by_size = {(int(height), int(width)): int(tokens) for height, width, tokens in fields["images"]}
-        return MediaTokens(by_size, fields["per_clip"])
+        return MediaTokens(MappingProxyType(by_size), fields["per_clip"])
     except (FileNotFoundError, json.JSONDecodeError, TypeError, KeyError, ValueError):
         return MediaTokens({})
 
