@@ -1,8 +1,9 @@
 """The worker processes of `vlm-assets run`, started before the CLI itself imports Dagster.
 
-Each worker loads the code location and opens the instance (seconds of imports). Started first,
-they do it while the CLI loads its own copy, on the cores the CLI would otherwise leave idle, so
-this module imports nothing heavy.
+Each worker loads the code location and opens the instance. Started first, they do it while the
+CLI loads its own copy, on the cores the CLI would otherwise leave idle, so this module imports
+nothing heavy. They are forked from one server process that imported the code (seconds) for all
+of them.
 
 What the workers print goes to a log file (orchestration.worker_output), not the terminal.
 """
@@ -23,18 +24,22 @@ from vlm_assets.orchestration.worker_output import send_output_to, workers_log_p
 from vlm_assets.parallel import skip_teardown_at_exit
 
 PARENT_WATCH_S = 1.0
+# What a worker runs (orchestration.task), imported by the process the workers are forked from.
+WORKER_MODULE = "vlm_assets.orchestration.task"
 
 
 def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _worker_init(parent_pid: int, config_path: str, log_path: str) -> None:
+def _worker_init(config_path: str, log_path: str) -> None:
     # Its own session: a Ctrl-C in the terminal reaches only the CLI, which then launches nothing
     # more and lets the steps in flight finish.
     os.setsid()
     send_output_to(log_path)
     os.environ[CONFIG_ENV_VAR] = config_path
+    # The fork server the worker came from, which exits as soon as the CLI does.
+    parent_pid = os.getppid()
 
     def watch_parent() -> None:
         # If the CLI is killed (kill -9 included) its workers go too, as one would expect of a
@@ -90,9 +95,14 @@ def start_workers(config_path: str, workers: int) -> WorkerPool:
     # Here, not in the workers: a home we cannot write to is one error in the CLI, not a broken pool.
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.touch()
+    # The workers are forked from a server process that imported what they run (Dagster, the
+    # definitions' modules: seconds of a core) once, rather than each importing it; the server
+    # holds no thread a fork could copy mid-state, as the CLI may.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([WORKER_MODULE])
     pool = WorkerPool(
-        max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
-        initargs=(os.getpid(), config_path, str(log_path)),
+        max_workers=max(1, workers), mp_context=context, initializer=_worker_init,
+        initargs=(config_path, str(log_path)),
     )
     pool.log_path = log_path
     others = set(multiprocessing.active_children())
