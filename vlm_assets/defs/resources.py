@@ -77,7 +77,7 @@ def recorded_fingerprints(instance: dg.DagsterInstance) -> RecordedFingerprint:
     return lambda asset, partition: recorded_fingerprint(latest_materialization(instance, asset, partition))
 from vlm_assets.tokens.lengths import LengthCounter
 from vlm_assets.tokens.processor import processor_fingerprint, shared_processor
-from vlm_assets.tokens.profile import length_counter
+from vlm_assets.tokens.profile import length_counter, stored_media_tokens
 
 
 class VlmConfig(dg.ConfigurableResource):
@@ -188,7 +188,9 @@ class HFProcessor(dg.ConfigurableResource):
     def length_counter(self, source: SourceConfig) -> LengthCounter:
         """The processor's length counter for `source`, its fast path proven (vlm_assets.tokens.profile)."""
         app = self.vlm_config.app
-        return length_counter(app.model, app.frame_cache, source.rejects_control_tokens)
+        # A video's tokens per clip as counted before, if they were: not run through the processor again.
+        return length_counter(app.model, app.frame_cache, source.rejects_control_tokens,
+                              tokens_per_clip=stored_media_tokens(app.model, app.frame_cache).per_clip)
 
     def fingerprint(self) -> str:
         return processor_fingerprint(self.vlm_config.app.model)
