@@ -128,4 +128,11 @@ def test_packed_records_are_kept_only_when_they_are_the_first_bins_records(tmp_p
     assert write((0, ["a", "b"]), (2, ["d"])) == 0
     assert write((0, ["a", "b"]), (1, ["c"]), (2, ["d"]), (3, ["e"])) == 0  # more records than bins
     assert write((0, ["a", "b"]), (1, ["c"]), end="") == 0  # its last line cut short
-    assert write((0, ["a", "b"]), sample_type="captioning") == 0  # records of another sample type  # its last line cut short
+    assert write((0, ["a", "b"]), sample_type="captioning") == 0  # records of another sample type
+
+    # Copied as they are checked: all of them, or nothing.
+    for end, kept in (("\n", 2), ("", 0)):
+        write((0, ["a", "b"]), (1, ["c"]), end=end)
+        with open(tmp_path / "copy.jsonl", "w+b") as copy:
+            assert kept_records(path, bins, "chat", "packed_multi_mix_qa", copy_to=copy) == kept
+        assert (tmp_path / "copy.jsonl").read_bytes() == (path.read_bytes() if kept else b"")  # its last line cut short

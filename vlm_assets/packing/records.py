@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from vlm_assets.catalog import lookup
 from vlm_assets.catalog.media import media_extension
@@ -157,10 +157,12 @@ def write_packed_jsonl(
     return count
 
 
-def kept_records(path: Path, bins: Iterable[PackedBin], source: str, sample_type: str) -> int:
+def kept_records(path: Path, bins: Iterable[PackedBin], source: str, sample_type: str,
+                 copy_to: BinaryIO | None = None) -> int:
     """packing.mode append: how many records `path` (packed JSON an earlier build wrote) holds when
     they are the records of the first bins (each line's id, sample type and sample ids those of its
-    bin), so it is kept and only the later bins' records are built; 0 when it is not (it is then rebuilt)."""
+    bin), so it is kept and only the later bins' records are built; 0 when it is not (it is then rebuilt).
+    `copy_to` (a new file, empty): the kept records are written to it as they are read, and nothing when none are."""
     count = 0
     with open(path, "rb") as handle:
         bins = iter(bins)
@@ -170,7 +172,12 @@ def kept_records(path: Path, bins: Iterable[PackedBin], source: str, sample_type
             # parsing a million samples' conversations to read three fields took seconds.
             if packed_bin is None or not line.endswith(b"}\n") or not line.startswith(
                     _record_head(record_id(source, int(packed_bin[0])), sample_type, list(packed_bin[1]))):
+                if copy_to is not None:
+                    copy_to.seek(0)
+                    copy_to.truncate()
                 return 0
+            if copy_to is not None:
+                copy_to.write(line)
             count += 1
     return count
 

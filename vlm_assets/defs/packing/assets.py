@@ -109,17 +109,16 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
     processes = step_processes()
     bins_path = layout.bins(source)
     with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
-        # packing.mode append: the records of the bins kept first are kept as they are (their shards are too).
-        kept = kept_records(path, iter_bins(bins_path), source, sample_type) if app.packing.mode == "append" and path.is_file() else 0
-        new_bins = itertools.islice(iter_bins(bins_path), kept, None)
-        needed = {sample_id for _, sample_ids, _ in new_bins for sample_id in sample_ids} if kept else None
-        with SampleLookup(layout.catalog(source), RECORD_COLUMNS, near=path, only=needed) as samples, \
-                atomic_open(path, "wb") as handle:
-            if kept:
-                with open(path, "rb") as earlier:
-                    shutil.copyfileobj(earlier, handle)
-            count = kept + write_packed_jsonl(source, itertools.islice(iter_bins(bins_path), kept, None), samples,
-                                              sample_type, handle, processes)
+        with atomic_open(path, "wb") as handle:
+            # packing.mode append: the records of the bins kept first are kept as they are (their
+            # shards are too), copied as they are checked.
+            kept = kept_records(path, iter_bins(bins_path), source, sample_type, copy_to=handle) \
+                if app.packing.mode == "append" and path.is_file() else 0
+            new_bins = itertools.islice(iter_bins(bins_path), kept, None)
+            needed = {sample_id for _, sample_ids, _ in new_bins for sample_id in sample_ids} if kept else None
+            with SampleLookup(layout.catalog(source), RECORD_COLUMNS, near=path, only=needed) as samples:
+                count = kept + write_packed_jsonl(source, itertools.islice(iter_bins(bins_path), kept, None), samples,
+                                                  sample_type, handle, processes)
         published = vlm_config.publish(context, "packed_json")
     context.log.info(f"{source}: {count} packed records -> {path}" + (f" ({kept} kept)" if kept else "")
                      + (f" ({processes} processes)" if processes > 1 else ""))
