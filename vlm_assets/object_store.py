@@ -333,6 +333,18 @@ def resolved(location: Location) -> Location:
     return location if isinstance(location, ObjectURL) else Path(os.path.realpath(location))
 
 
+def location_stamp(location: Location) -> str:
+    """What a write to the file or object changes: its size and modification time (of an object,
+    its size and ETag). FileNotFoundError when there is none."""
+    if isinstance(location, ObjectURL):
+        info = head(location)
+        if info is None:
+            raise FileNotFoundError(f"{location} does not exist")
+        return f"{info.size}:{info.etag}"
+    stat = os.stat(location)
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
 def location_size(location: Location) -> int:
     """The file's or object's size in bytes (FileNotFoundError when there is none)."""
     if isinstance(location, ObjectURL):

@@ -134,6 +134,56 @@ def test_a_file_ending_in_part_of_a_line_leaves_no_mark_and_is_read_in_full_next
     assert catalog.read_bytes() == _full_read(source, tmp_path)
 
 
+def test_an_extension_whose_file_or_new_media_move_while_read_publishes_nothing(source, tmp_path):
+    from vlm_assets.catalog.table import SourceChangedError
+
+    catalog = tmp_path / "catalog.parquet"
+    _build(source, catalog)
+    published = catalog.read_bytes()
+    for name in ("new.jpg", "next.jpg"):
+        Image.new("RGB", (40, 30), (5, 5, 5)).save(tmp_path / name)
+    with source.path.open("a") as handle:
+        for number, name in enumerate(["new.jpg", "next.jpg"]):
+            handle.write(json.dumps({"id": f"n{number}", "messages": [{"role": "user", "content": "<image>?"}],
+                                     "images": [name]}) + "\n")
+
+    class Moving(MediaValidator):
+        """Makes a change once the last new medium is checked: the earlier one's was proven then."""
+
+        def __init__(self, change) -> None:
+            super().__init__(check_log=MediaCheckLog(catalog.with_suffix(".checks.sqlite")))
+            self.change = change
+
+        def error_for(self, ref: str, kind: str) -> str:
+            if ref.endswith("next.jpg"):
+                self.change()
+            return super().error_for(ref, kind)
+
+    def _extend(change) -> None:
+        write_catalog(source, catalog, "messages", Moving(change), read_mark=catalog.with_suffix(".read.json"),
+                      settings=SETTINGS)
+
+    def grow() -> None:
+        with source.path.open("a") as handle:
+            handle.write(_lines(20_000, 1))
+
+    with pytest.raises(SourceChangedError, match=r"train.jsonl changed while it was read; nothing was published"):
+        _extend(grow)
+    assert catalog.read_bytes() == published
+    source.path.write_bytes(source.path.read_bytes()[:-len(_lines(20_000, 1))])
+
+    def edit_new_medium() -> None:
+        Image.new("RGB", (40, 31), (6, 6, 6)).save(tmp_path / "new.jpg")
+
+    with pytest.raises(SourceChangedError, match=r"changed \(the medium .*new.jpg since it was checked\) while it was read"):
+        _extend(edit_new_medium)
+    assert catalog.read_bytes() == published
+
+    # Nothing moving: built (in full, the edited medium's earlier pass being remembered) as a full read gives.
+    assert _build(source, catalog).samples == 10_001
+    assert catalog.read_bytes() == _full_read(source, tmp_path)
+
+
 # flat_dir sources: record files added after the ones read before.
 
 def _record(name: str, images: list[str] | None) -> dict:

@@ -32,7 +32,7 @@ from vlm_assets.catalog.media_checks import UnchangedMediaCheck
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.seen_ids import SeenIds
 from vlm_assets.config import SourceConfig
-from vlm_assets.object_store import Location, location_size, open_location, resolved
+from vlm_assets.object_store import Location, location_size, location_stamp, open_location, resolved
 
 MARK_FORMAT = 1
 _HASH_BLOCK = 8 << 20
@@ -140,6 +140,9 @@ class Extension:
     rechecked: dict[int, dict]
     media: UnchangedMediaCheck
     read_before: FileHash | None = None  # of a JSON-lines file's bytes before `part`
+    # Of a JSON-lines file, its location_stamp before any of it was read: the same once `part` is
+    # read, the rows read are those of the file (vlm_assets.catalog.table).
+    file_stamp: str | None = None
 
 
 def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, settings: str, text_key: str,
@@ -160,6 +163,7 @@ def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, setting
     if validator.check_log is None:
         raise AppendRefused("no media check log")
     path = resolved(source.path)
+    stamp = location_stamp(path)
     size = location_size(path)
     if size <= mark.bytes:
         raise AppendRefused(f"the file is not longer than the {mark.bytes} bytes read before")
@@ -182,7 +186,7 @@ def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, setting
     except BaseException:
         media.close()
         raise
-    return Extension(part, table.num_rows, rechecked, media, read_before)
+    return Extension(part, table.num_rows, rechecked, media, read_before, stamp)
 
 
 def _rejects_checked_again(source: SourceConfig, mark: ReadMark, table, text_key: str,

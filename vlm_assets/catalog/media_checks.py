@@ -116,9 +116,10 @@ class MediaCheckLog:
         """Count every remembered pass as used by this build: `first_changed` found none changed."""
         self._kept_all = True
 
-    def first_changed(self) -> str:
-        """The first remembered pass whose file changed or vanished since it passed, or ""."""
-        for ref, fingerprint in self.passes():
+    def first_changed(self, this_build: bool = False) -> str:
+        """The first remembered pass whose file changed or vanished since it passed, or "".
+        `this_build`: of the passes this build recorded or used only."""
+        for ref, fingerprint in self.passes(this_build):
             # A plain file's ref is its path: told apart by one prefix test (a million media, a million tests).
             if not ref.startswith(_NOT_A_PATH):
                 file = ref
@@ -142,14 +143,16 @@ class MediaCheckLog:
                 return ref
         return ""
 
-    def passes(self) -> Iterator[tuple[str, str]]:
-        """(ref, fingerprint) of every pass the file holds, by ref; read a page at a time."""
+    def passes(self, this_build: bool = False) -> Iterator[tuple[str, str]]:
+        """(ref, fingerprint) of every pass the file holds (`this_build`: that this build recorded or
+        used), by ref; read a page at a time."""
         connection = self._open()
         if connection is None:
             return
+        query = f"SELECT ref, fingerprint FROM passes WHERE ref > ?{' AND build = ?' if this_build else ''} ORDER BY ref LIMIT 4096"
+        builds = (self._build,) if this_build else ()
         after = ""
-        while rows := connection.execute("SELECT ref, fingerprint FROM passes WHERE ref > ? ORDER BY ref LIMIT 4096",
-                                         (after,)).fetchall():
+        while rows := connection.execute(query, (after, *builds)).fetchall():
             yield from rows
             after = rows[-1][0]
 

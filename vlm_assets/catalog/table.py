@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
 from vlm_assets.catalog.appended_files import folder_mark_of, plan_folder_extension
-from vlm_assets.catalog.appending import AppendRefused, FileMark, mark_of, plan_extension
+from vlm_assets.catalog.appending import AppendRefused, Extension, FileMark, mark_of, plan_extension
 from vlm_assets.catalog.build import (
     CATALOG_CHUNK_WORK,
     FolderPart,
@@ -34,7 +34,7 @@ from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK
 from vlm_assets.catalog.seen_ids import SeenIds
 from vlm_assets.config import SourceConfig
 from vlm_assets.fingerprints import Snapshot, source_snapshot
-from vlm_assets.object_store import exists
+from vlm_assets.object_store import exists, location_stamp, resolved
 from vlm_assets.parallel import helper_processes
 from vlm_assets.wording import shortened
 
@@ -164,11 +164,13 @@ def _write_catalog(source: SourceConfig, target: Path, text_key: str, validator:
             elif part is not None:
                 mark = folder_mark_of(part, summary.samples, settings, FileMark.of(tmp).sha256)
             # Rows read from a source that moved under us would be a partial catalogue that looks complete.
-            after = source_snapshot(source, excluded, processes, helpers) if exists(source.path) else None
-            if after != before:
-                state = "vanished" if after is None else f"changed ({before[0]} files, {before[1]} bytes before; {after[0]}, {after[1]} after)"
+            if extension is not None and extension.file_stamp is not None:
+                moved = _moved_while_extended(source, extension, validator)
+            else:
+                moved = _moved_while_read(source, excluded, processes, helpers, before)
+            if moved:
                 raise SourceChangedError(
-                    f"source {source.name!r}: {source.path} {state} while it was read; nothing was published, "
+                    f"source {source.name!r}: {source.path} {moved} while it was read; nothing was published, "
                     "run again once it is complete")
             if extension and (changed := extension.media.changed()):
                 raise _KeptMediaChanged(changed)
@@ -193,6 +195,34 @@ def _write_catalog(source: SourceConfig, target: Path, text_key: str, validator:
         else:
             read_mark.unlink(missing_ok=True)
     return summary
+
+
+def _moved_while_read(source: SourceConfig, excluded: Iterable[Path], processes: int, helpers: Executor | None,
+                      before: Snapshot) -> str:
+    """How the source's files differ from their snapshot `before` the reading ("" when they do not)."""
+    after = source_snapshot(source, excluded, processes, helpers) if exists(source.path) else None
+    if after == before:
+        return ""
+    return "vanished" if after is None else f"changed ({before[0]} files, {before[1]} bytes before; {after[0]}, {after[1]} after)"
+
+
+def _moved_while_extended(source: SourceConfig, extension: Extension, validator: MediaValidator) -> str:
+    """How what an extended JSON-lines catalogue read moved while it was read ("" when it did not):
+    the file itself, or a medium of the records read.
+
+    Not the source's snapshot: a walk of every file under it (a million media: seconds of every
+    core) for what the kept rows rely on, which their own check covers (Extension.media); a kept
+    medium changed after that check makes the next walk of the source differ, and that build reads
+    the source in full.
+    """
+    try:
+        if location_stamp(resolved(source.path)) != extension.file_stamp:
+            return "changed"
+    except FileNotFoundError:
+        return "vanished"
+    assert validator.check_log is not None  # an extension keeps rows on the log's word
+    medium = validator.check_log.first_changed(this_build=True)
+    return f"changed (the medium {medium} since it was checked)" if medium else ""
 
 
 class _RowGroups:
