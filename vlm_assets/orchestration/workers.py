@@ -65,10 +65,40 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
     them with their runs rather than wait: those runs can no longer record their end (the next run
     fails them as dead), and a long step would keep the CLI waiting without a word."""
 
-    workers: list[multiprocessing.process.BaseProcess]
     log_path: Path  # where the workers' output goes
+    _started: list[multiprocessing.process.BaseProcess]
+    _starting: threading.Thread | None = None
+
+    def start(self, config_path: str, count: int) -> None:
+        """Start `count` workers, each loading the code location, in the background: a start waits
+        for the fork server to have imported what the workers run (a second or more), which the
+        CLI's own imports then overlap."""
+        self._started = []
+
+        def start_all() -> None:
+            others = set(multiprocessing.active_children())
+            try:
+                for _ in range(count):
+                    # A failed load is not reported here: the first run in that process fails with the error.
+                    self.submit(_load_code_location, config_path)
+            except Exception:  # a broken pool: the CLI's first submit raises why
+                pass
+            # Each submit above starts one worker, until there are `count` of them.
+            self._started = [child for child in multiprocessing.active_children() if child not in others]
+
+        self._starting = threading.Thread(target=start_all, name="start-workers", daemon=True)
+        self._starting.start()
+
+    @property
+    def workers(self) -> list[multiprocessing.process.BaseProcess]:
+        """The worker processes, once started."""
+        if self._starting is not None:
+            self._starting.join()
+        return self._started
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
+        if self._starting is not None:
+            self._starting.join()
         if exc is not None and is_outage(exc):
             self.stop_workers()
             return False
@@ -86,8 +116,9 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
 
 
 def start_workers(config_path: str, workers: int) -> WorkerPool:
-    """`workers` worker processes for `run_graph`, already loading the code location; their output
-    goes to a new file under $DAGSTER_HOME/logs (`pool.log_path`).
+    """`workers` worker processes for `run_graph`, started in the background (WorkerPool.start), each
+    then loading the code location; their output goes to a new file under $DAGSTER_HOME/logs
+    (`pool.log_path`).
 
     $DAGSTER_HOME must be set first (see `vlm_assets.orchestration.home`): the workers open that instance.
     """
@@ -105,10 +136,5 @@ def start_workers(config_path: str, workers: int) -> WorkerPool:
         initargs=(config_path, str(log_path)),
     )
     pool.log_path = log_path
-    others = set(multiprocessing.active_children())
-    for _ in range(max(1, workers)):
-        # A failed load is not reported here: the first run in that process fails with the error.
-        pool.submit(_load_code_location, config_path)
-    # Each submit above starts one worker, until there are `workers` of them.
-    pool.workers = [child for child in multiprocessing.active_children() if child not in others]
+    pool.start(config_path, max(1, workers))
     return pool
