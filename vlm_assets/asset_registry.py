@@ -6,16 +6,16 @@ Bump an asset's revision when a code change alters what it writes: its fingerpri
 
 REVISIONS = {
     "sample_catalog": 4,
-    "sample_length_chunk": 1,
-    "sample_lengths": 2,
-    "packing_bins": 1,
-    "packed_json": 1,
-    "packed_wds_shards": 1,
-    "energon_dataset": 2,
-    "training_mix": 1,
+    "sample_length_chunk": 2,
+    "sample_lengths": 3,
+    "packing_bins": 2,
+    "packed_json": 2,
+    "packed_wds_shards": 2,
+    "energon_dataset": 3,
+    "training_mix": 2,
     "video_frame_plan": 2,
     "frame_cache_shard": 2,
     "frame_cache_index": 1,
-    "training_package": 1,
+    "training_package": 2,
 }
 ASSET_NAMES = tuple(REVISIONS)

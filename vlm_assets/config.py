@@ -19,7 +19,10 @@ from vlm_assets.object_store import ObjectURL, is_object_url
 CONFIG_ENV_VAR = "VLM_ASSETS_CONFIG"
 DEFAULT_CONFIG_NAME = "vlm_assets.yaml"
 SOURCE_KINDS = ("flat_dir", "jsonl", "wds")
-SAMPLE_TYPES = ("packed_captioning", "packed_vqa", "packed_multi_mix_qa")
+SAMPLE_TYPES = ("packed_captioning", "packed_vqa", "packed_multi_mix_qa", "packed_chat_mix")
+# How the packed shards' consumer renders a child's text (vlm_assets.tokens.consumer): LoongForge's `qwen2-vl`
+# template, or the processor's own chat template (a trainer rendering with the model's HF template).
+CHAT_TEMPLATES = ("qwen2-vl", "processor")
 # `packing.algorithm` may name the packing algorithm; best-fit decreasing is the only one, any other value is refused.
 PACKING_ALGORITHMS = ("best_fit_decreasing",)
 # full: every build packs every sample afresh (best fill); append: bins and shards once written stay,
@@ -98,6 +101,24 @@ class SampleConfig:
 
 
 @dataclass(frozen=True)
+class TrainerConfig:
+    """The training arguments with which the packed shards' consumer resizes and samples media
+    itself, named after them (LoongForge: `--min-pixels` is `min_pixels`), with its defaults."""
+
+    chat_template: str = CHAT_TEMPLATES[0]
+    min_pixels: int = 4 * 28 * 28
+    max_pixels: int = 16384 * 28 * 28
+    # None: the consumer's media plugin caps an image's longer side at 512 px.
+    image_resolution: int | None = None
+    frame_min_pixels: int = 128 * 28 * 28
+    frame_max_pixels: int = 768 * 28 * 28
+    video_max_pixels: int = 65536 * 28 * 28
+    fps: float = 2.0
+    fps_min_frames: int = 4
+    fps_max_frames: int = 768
+
+
+@dataclass(frozen=True)
 class PackingConfig:
     min_fill_ratio: float = 0.9
     mode: str = PACKING_MODES[0]
@@ -141,6 +162,7 @@ class AppConfig:
     wds: WdsConfig
     frame_cache: FrameCacheConfig
     package: PackageConfig
+    trainer: TrainerConfig = TrainerConfig()
     # `storage.root` on object storage: every output is built in `storage_root` (then a local working
     # copy, `storage.work_dir`) and published there (vlm_assets.publish).
     storage_url: ObjectURL | None = None
@@ -163,6 +185,8 @@ _SECTION_KEYS = {
     "wds": {"maxcount", "maxsize"},
     "frame_cache": {"num_frames", "frame_size", "rows", "cols", "jpeg_quality", "videos_per_shard"},
     "package": {"name", "compress", "include", "hyperparameters", "train_command"},
+    "trainer": {"chat_template", "min_pixels", "max_pixels", "image_resolution", "frame_min_pixels",
+                "frame_max_pixels", "video_max_pixels", "fps", "fps_min_frames", "fps_max_frames"},
 }
 _TOP_KEYS = set(_SECTION_KEYS) | {"inbox", "inbox_require_ready_marker", "sources"}
 _SOURCE_KEYS = {"name", "kind", "path", "media_root", "sample_type", "weight", "subflavors",
@@ -229,6 +253,30 @@ class _Reader:
     def resolve(self, raw: str) -> Path:
         path = Path(os.path.expanduser(raw))
         return path if path.is_absolute() else (self.path.parent / path).resolve()
+
+
+def _trainer_config(reader: _Reader, data: dict[str, Any]) -> TrainerConfig:
+    defaults = TrainerConfig()
+    pixels = {name: reader.integer(data, name, "trainer", getattr(defaults, name))
+              for name in ("min_pixels", "max_pixels", "frame_min_pixels", "frame_max_pixels", "video_max_pixels")}
+    resolution = data.get("image_resolution")
+    if resolution is not None:
+        resolution = reader.integer(data, "image_resolution", "trainer", 512, minimum=28)
+    trainer = TrainerConfig(
+        chat_template=reader.choice(data, "chat_template", "trainer", defaults.chat_template, CHAT_TEMPLATES),
+        image_resolution=resolution,
+        fps=reader.number(data, "fps", "trainer", defaults.fps),
+        fps_min_frames=reader.integer(data, "fps_min_frames", "trainer", defaults.fps_min_frames),
+        fps_max_frames=reader.integer(data, "fps_max_frames", "trainer", defaults.fps_max_frames, minimum=2),
+        **pixels,
+    )
+    if trainer.fps <= 0:
+        raise reader.fail("trainer.fps", f"must be > 0, got {trainer.fps}")
+    for low, high in (("min_pixels", "max_pixels"), ("frame_min_pixels", "frame_max_pixels"),
+                      ("fps_min_frames", "fps_max_frames")):
+        if getattr(trainer, low) > getattr(trainer, high):
+            raise reader.fail(f"trainer.{low}", f"must be <= trainer.{high} ({getattr(trainer, low)} > {getattr(trainer, high)})")
+    return trainer
 
 
 def package_name_problem(name: Any) -> str | None:
@@ -334,6 +382,8 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
     if frame_cache.jpeg_quality > 100:
         raise reader.fail("frame_cache.jpeg_quality", f"must be <= 100, got {frame_cache.jpeg_quality}")
 
+    trainer = _trainer_config(reader, sections["trainer"])
+
     package_data = sections["package"]
     include = package_data.get("include", list(PackageConfig.include))
     if not isinstance(include, list) or any(part not in PACKAGE_PARTS for part in include):
@@ -361,6 +411,7 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
         packing=packing,
         wds=wds,
         frame_cache=frame_cache,
+        trainer=trainer,
         package=package,
     )
 

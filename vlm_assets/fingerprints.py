@@ -24,7 +24,7 @@ import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from operator import itemgetter
 from pathlib import Path
 from stat import S_ISLNK
@@ -58,8 +58,10 @@ def _settings(app: AppConfig, processor_fingerprint: str) -> dict[str, Any]:
     fc, sample = app.frame_cache, app.sample
     return {
         "sample_catalog": [sample.text_key, fc.num_frames],
-        "sample_length_chunk": [processor_fingerprint, app.model.model_type, fc.num_frames, fc.frame_size],
-        "sample_lengths": [processor_fingerprint, app.model.model_type, fc.num_frames, fc.frame_size],
+        "sample_length_chunk": [processor_fingerprint, app.model.model_type, fc.num_frames, fc.frame_size,
+                                asdict(app.trainer)],
+        "sample_lengths": [processor_fingerprint, app.model.model_type, fc.num_frames, fc.frame_size,
+                           asdict(app.trainer)],
         "packing_bins": [sample.sample_type, sample.max_token_len, app.packing.min_fill_ratio, app.packing.mode],
         "packed_json": [sample.sample_type],
         "packed_wds_shards": [app.wds.maxcount, app.wds.maxsize, app.packing.mode],
@@ -340,11 +342,12 @@ class Fingerprints:
         plan = self._chunk_plans[source]
         rows = plan.digests[index] if plan is not None and index < len(plan) else None
         # The chunk's rows, not the whole catalogue's record: records appended elsewhere leave it as it is.
-        return self._of("sample_length_chunk", key, rows, self.sources[source].special_tokens_in_text)
+        return self._of("sample_length_chunk", key, rows, self.sources[source].special_tokens_in_text,
+                        self._sample_type(source))
 
     def _sample_lengths(self, source: str) -> str:
         return self._of("sample_lengths", source, self.recorded("sample_catalog", source),
-                        self.sources[source].special_tokens_in_text)
+                        self.sources[source].special_tokens_in_text, self._sample_type(source))
 
     def _packing_bins(self, source: str) -> str:
         return self._of("packing_bins", source, self._read_with_catalogue("sample_lengths", source), self._sample_type(source))

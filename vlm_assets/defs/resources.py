@@ -75,6 +75,7 @@ def recorded_fingerprint(record: dg.EventLogRecord | None) -> str:
 def recorded_fingerprints(instance: dg.DagsterInstance) -> RecordedFingerprint:
     """What each output recorded when it was last built, read from `instance` at each call."""
     return lambda asset, partition: recorded_fingerprint(latest_materialization(instance, asset, partition))
+from vlm_assets.tokens.consumer import counting_rule
 from vlm_assets.tokens.lengths import LengthCounter
 from vlm_assets.tokens.processor import processor_fingerprint, shared_processor
 from vlm_assets.tokens.profile import length_counter, stored_media_tokens
@@ -190,7 +191,8 @@ class HFProcessor(dg.ConfigurableResource):
         app = self.vlm_config.app
         # A video's tokens per clip as counted before, if they were: not run through the processor again.
         return length_counter(app.model, app.frame_cache, source.rejects_control_tokens,
-                              tokens_per_clip=stored_media_tokens(app.model, app.frame_cache).per_clip)
+                              tokens_per_clip=stored_media_tokens(app.model, app.frame_cache).per_clip,
+                              rule=counting_rule(app, source))
 
     def fingerprint(self) -> str:
         return processor_fingerprint(self.vlm_config.app.model)

@@ -23,6 +23,7 @@ from vlm_assets.orchestration.instance import open_instance
 from vlm_assets.orchestration.worker_output import output_log
 from vlm_assets.package.writer import sha256_file
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
+from vlm_assets.tokens.consumer import counting_rule
 from vlm_assets.tokens.processor import shared_processor
 from vlm_assets.tokens.profile import stored_media_tokens
 from vlm_assets.tokens.table import start_measuring
@@ -142,7 +143,8 @@ def load_processor_ahead(config_path: str) -> int:
         shared_processor(app.model)
         sources = vlm_config.sources()
         if sources:
-            start_measuring(app.model, app.frame_cache, sources[0].rejects_control_tokens)
+            start_measuring(app.model, app.frame_cache, sources[0].rejects_control_tokens,
+                            counting_rule(app, sources[0]))
         stored_media_tokens(app.model, app.frame_cache)  # kept for the runs that complete chunks with it
     except Exception:  # the run that needs them sets them up again, and reports why it fails
         pass

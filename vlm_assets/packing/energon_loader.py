@@ -28,6 +28,7 @@ from megatron.energon import (
     stateless,
 )
 
+from vlm_assets.packing.contract import contract_problems
 from vlm_assets.packing.energon import SPLIT
 
 
@@ -43,19 +44,22 @@ class LoadedPackedSample(Sample):
 
 @stateless
 def cook_packed_sample(raw: dict) -> LoadedPackedSample:
-    """Decode the record and insist every media member it names arrived with bytes."""
+    """Read the record as its sample type's consumer does (vlm_assets.packing.contract); any problem
+    is an error naming the sample and the child."""
     payload = raw["json"]
     record: dict[str, Any] = payload if isinstance(payload, dict) else json.loads(payload)
     present = {name for name in raw if not name.startswith("__")}
-    for names in record["media_files"]:
-        for name in names:
-            if name not in present:
-                raise ValueError(f"{raw['__key__']}: media member {name!r} missing (has {sorted(present)})")
-            value = raw[name]
-            if isinstance(value, (bytes, bytearray)) and not value:
-                raise ValueError(f"{raw['__key__']}: media member {name!r} is empty")
-    if record["id"] != raw["__key__"].rsplit("/", 1)[-1]:
-        raise ValueError(f"{raw['__key__']}: record id {record['id']!r} does not match the tar key")
+    with_bytes = {name for name in present if not (isinstance(raw[name], (bytes, bytearray)) and not raw[name])}
+    if record.get("id") != raw["__key__"].rsplit("/", 1)[-1]:
+        raise ValueError(f"{raw['__key__']}: record id {record.get('id')!r} does not match the tar key")
+    subflavor_type = raw["__subflavors__"].get("sample_type", record.get("sample_type"))
+    if subflavor_type != record.get("sample_type"):
+        raise ValueError(f"{raw['__key__']}: the dataset's sample_type {subflavor_type!r} is not the record's "
+                         f"{record.get('sample_type')!r}")
+    problems = contract_problems(record, with_bytes)
+    if problems:
+        raise ValueError(f"{raw['__key__']} ({record.get('sample_type')}): " + "; ".join(problems[:5])
+                         + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
     return LoadedPackedSample(
         **basic_sample_keys(raw),
         record=record,

@@ -1,7 +1,8 @@
 """Turn a source's catalogue and length table into packing bins and a rejects table.
 
 Every catalogue row ends up in exactly one of the two: a bin, or a reject with a reason and a
-category (for counting in the UI). Nothing is dropped silently.
+category (for counting in the UI). Nothing is dropped silently. A bin holds one media type (image,
+video or text): the consumer's packed encoders take one per pack.
 
 Both tables are read a batch at a time and side by side: the length table holds the catalogue's
 rows in the catalogue's order. What stays for the whole source is each packable sample's id (in
@@ -37,11 +38,12 @@ BATCH_ROWS = 8192
 BINS_PER_ROW_GROUP = 8192
 RELEASE_EVERY_BATCHES = 16
 
-# Which catalogue media_type each sample_type accepts.
+# Which catalogue media_type each sample_type accepts (never "mixed": a pack holds one media type).
 ALLOWED_MEDIA_TYPES = {
     "packed_vqa": frozenset({"image"}),
     "packed_captioning": frozenset({"image"}),
-    "packed_multi_mix_qa": frozenset({"image", "video", "mixed", "text"}),
+    "packed_multi_mix_qa": frozenset({"image", "video", "text"}),
+    "packed_chat_mix": frozenset({"image", "video", "text"}),
 }
 
 CATEGORY_CATALOG = "catalog_rejected"
@@ -88,16 +90,20 @@ def pack_source(
     with contextlib.ExitStack() as outputs:
         rejects_writer = pq.ParquetWriter(outputs.enter_context(atomic_path(rejects_target)), REJECT_SCHEMA)
         with rejects_writer:
-            ids, token_lens = judge.packable(rejects_writer)
+            ids, token_lens, media_types = judge.packable(rejects_writer)
         if kept is not None:
             kept.raise_problems()
-        bins = best_fit_decreasing(token_lens, max_token_len)
+        kept_bins = len(kept.bin_totals) if kept else 0
+        next_bin_id = kept_bins
         with pq.ParquetWriter(outputs.enter_context(atomic_path(bins_target)), BIN_SCHEMA) as bins_writer:
             if kept is not None:
                 kept.copy_to(bins_writer)
-            _write_bins(bins_writer, ids, token_lens, bins, first_bin_id=len(kept.bin_totals) if kept else 0)
-    return PackingOutcome(len(bins) + (len(kept.bin_totals) if kept else 0), len(kept.bin_totals) if kept else 0,
-                          len(token_lens) + (len(kept.index) if kept else 0), judge.rejected)
+            for media_type in sorted(set(media_types.tolist())):
+                chosen = media_types == media_type
+                bins = best_fit_decreasing(token_lens[chosen], max_token_len)
+                _write_bins(bins_writer, ids.filter(pa.array(chosen)), token_lens[chosen], bins, next_bin_id)
+                next_bin_id += len(bins)
+    return PackingOutcome(next_bin_id, kept_bins, len(token_lens) + (len(kept.index) if kept else 0), judge.rejected)
 
 
 class _Judge:
@@ -109,10 +115,12 @@ class _Judge:
         self.allowed = ALLOWED_MEDIA_TYPES[sample_type]
         self.rejected = 0
 
-    def packable(self, rejects_writer: pq.ParquetWriter) -> tuple[pa.Array, np.ndarray]:
-        """Ids and lengths of the packable samples (not in kept bins), in catalogue order; rejects written."""
+    def packable(self, rejects_writer: pq.ParquetWriter) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+        """Ids, lengths and media types of the packable samples (not in kept bins), in catalogue order;
+        rejects written."""
         ids: list[pa.Array] = []
         token_lens: list[np.ndarray] = []
+        media_types: list[np.ndarray] = []
         length_rows = _LengthRowsInStep(self.lengths, self.catalog)
         allowed = pa.array(sorted(self.allowed))
         for number, batch in enumerate(parquet_batches(self.catalog, ["sample_id", "status", "reason", "media_type"],
@@ -132,14 +140,17 @@ class _Judge:
                 self.rejected += len(rejects)
             chosen = pa.array(accepted)
             batch_ids, batch_lens = sample_ids.filter(chosen), token_len[accepted]
+            batch_media = np.asarray(batch.column(3).filter(chosen).to_pylist(), dtype=object)
             if self.kept is not None:
                 new = self.kept.take_new(batch_ids, batch_lens)
-                batch_ids, batch_lens = batch_ids.filter(pa.array(new)), batch_lens[new]
+                batch_ids, batch_lens, batch_media = batch_ids.filter(pa.array(new)), batch_lens[new], batch_media[new]
             ids.append(batch_ids)
             token_lens.append(batch_lens.astype(np.int32))
+            media_types.append(batch_media)
         length_rows.finish()
         return (pa.concat_arrays(ids) if ids else pa.array([], type=pa.string()),
-                np.concatenate(token_lens) if token_lens else np.zeros(0, dtype=np.int32))
+                np.concatenate(token_lens) if token_lens else np.zeros(0, dtype=np.int32),
+                np.concatenate(media_types) if media_types else np.zeros(0, dtype=object))
 
     def _rejects(self, batch: pa.RecordBatch, found: pa.Table, rejected: np.ndarray) -> list[dict]:
         if not rejected.any():
@@ -163,7 +174,8 @@ class _Judge:
             return length_reason or f"length status {length_status!r}", CATEGORY_LENGTH
         if media_type not in self.allowed:
             needs = "/".join(sorted(self.allowed))
-            return f"{media_type} sample not allowed in {self.sample_type} (needs {needs})", CATEGORY_MEDIA_KIND
+            return (f"{media_type} sample not allowed in {self.sample_type} (needs {needs}; a pack holds one "
+                    "media type)"), CATEGORY_MEDIA_KIND
         if token_len > self.max_token_len:
             return f"token_len {token_len} > max_token_len {self.max_token_len}", CATEGORY_OVER_MAX
         return f"token_len {token_len} is not positive", CATEGORY_LENGTH

@@ -1,22 +1,25 @@
-"""Packed records (docs/formats.md): one JSON object per bin, lossless about its samples.
+"""Packed records (docs/formats.md): one JSON object per bin, laid out as its sample type's consumer
+(LoongForge's VLM task encoder) reads it; each sample of the bin is one child.
 
-Field choices:
-- ``messages``: each sample's full conversation, exactly as the catalogue holds it
-  (``<image>`` / ``<video>`` placeholders mark media positions).
-- ``texts.prompts`` / ``texts.captions``: the first user / first assistant turn of
-  each sample with the placeholders removed and surrounding whitespace stripped
-  ("" when the sample has no such turn): a flat view for cookers that do not parse ``messages``.
-- ``media_files``: per sample, the tar member suffixes ``img<k>.<ext>`` /
-  ``vid<k>.<ext>`` (k = flat media index within the record, ext sniffed from the
-  bytes), so two samples that both say ``0001.jpg`` never collide.
-- ``images`` (packed_vqa / packed_captioning only): the flat list of those suffixes,
-  which are also the keys of an Energon CrudeWebdataset sample dict.
+Every type:
+- ``messages``: per child ``{"messages": [...]}``, its whole conversation as the catalogue holds it
+  (role/content strings, ``<image>`` / ``<video>`` placeholders kept); packed_chat_mix reads it.
+- ``media_files``: per child, the tar member names after ``<key>.``; written after the texts, so
+  `vlm_assets.packing.verify` finds it without parsing them.
+- ``_meta``: ``pack_id``, ``sample_ids``, ``token_lens``, ``total_token_len``.
+By type:
+- packed_captioning / packed_vqa: top-level ``prompts`` (the user turn, placeholder kept),
+  ``captions`` (the answer) and ``images``; child i's one image is member ``img{i}.jpg``.
+- packed_multi_mix_qa: ``texts.prompts`` / ``texts.captions``, per child the list of its user / its
+  assistant turns.
+Members elsewhere are ``img<k>.<ext>`` / ``vid<k>.<ext>`` (k counts the record's media), the
+extension one the consumer routes by; the bytes are the original file's, which its decoders
+recognise by content.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +33,13 @@ from vlm_assets.parallel import ordered_map
 if TYPE_CHECKING:  # shard chunk processes start faster without pandas
     import pandas as pd
 
-IMAGE_ONLY_SAMPLE_TYPES = frozenset({"packed_vqa", "packed_captioning"})
+SINGLE_IMAGE_SAMPLE_TYPES = frozenset({"packed_vqa", "packed_captioning"})
 MEMBER_PREFIX = {"image": "img", "video": "vid"}
-_PLACEHOLDER = re.compile(r"<image>|<video>")
+# Extensions the consumer tells images from videos by; another format's member takes the first one
+# (Matroska: webm, its subset).
+CONSUMER_EXTENSIONS = {"image": ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tiff"),
+                       "video": ("mp4", "avi", "mov", "webm")}
+_EXTENSION_ALIASES = {"tif": "tiff", "jpe": "jpg", "mkv": "webm", "m4v": "mp4"}
 PackedBin = tuple[int, Sequence[str], Sequence[int]]  # (bin_id, sample_ids, lengths)
 # Samples per chunk of bins a process turns into records: a fraction of a second of work each.
 RECORD_CHUNK_SAMPLES = 4096
@@ -63,11 +70,15 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def first_text(messages: list[dict[str, Any]], role: str) -> str:
-    for message in messages:
-        if message.get("role") == role:
-            return _PLACEHOLDER.sub("", str(message.get("content", ""))).strip()
-    return ""
+def member_extension(kind: str, ref: str, name: str) -> str:
+    """The extension of a media member: the file's own where the consumer knows it."""
+    extension = media_extension(ref, name).lower()
+    extension = _EXTENSION_ALIASES.get(extension, extension)
+    return extension if extension in CONSUMER_EXTENSIONS[kind] else CONSUMER_EXTENSIONS[kind][0]
+
+
+def turns_of(conversation: list[dict[str, Any]], role: str) -> list[str]:
+    return [str(message.get("content", "")) for message in conversation if message.get("role") == role]
 
 
 # The catalogue columns a packed record is made of.
@@ -92,36 +103,43 @@ def build_records(
 def _build_record(
     key: str, sample_ids: list[str], lengths: list[int], samples: SampleRows, sample_type: str
 ) -> PackedRecord:
-    messages, prompts, captions, media_files, media_keys, kinds = [], [], [], [], [], []
+    single_image = sample_type in SINGLE_IMAGE_SAMPLE_TYPES
+    conversations, media_files, media_keys, kinds = [], [], [], []
     media: list[RecordMedia] = []
-    for sample_id in sample_ids:
+    for child, sample_id in enumerate(sample_ids):
         sample = samples[sample_id]
         raw_messages, names_written, media_kinds, media_refs, keys = (sample[column] for column in RECORD_COLUMNS)
-        conversation = json.loads(raw_messages)
-        messages.append(conversation)
-        prompts.append(first_text(conversation, "user"))
-        captions.append(first_text(conversation, "assistant"))
+        conversations.append(json.loads(raw_messages))
         names = []
         for name, kind, ref in zip(names_written, media_kinds, media_refs):
-            member = f"{MEMBER_PREFIX[kind]}{len(media)}.{media_extension(ref, name)}"
+            member = (f"img{child}.jpg" if single_image
+                      else f"{MEMBER_PREFIX[kind]}{len(media)}.{member_extension(kind, ref, name)}")
             media.append(RecordMedia(member, ref))
             names.append(member)
             kinds.append(kind)
         media_files.append(names)
         media_keys.append(list(keys))
+    lengths = [int(length) for length in lengths]
     record: dict[str, Any] = {
         "id": key,
         "sample_type": sample_type,
         "sample_ids": sample_ids,
-        "lengths": [int(length) for length in lengths],
-        "messages": messages,
-        "texts": {"prompts": prompts, "captions": captions},
-        "media_files": media_files,
-        "media_keys": media_keys,
-        "media_type": media_type_of(kinds),
+        "lengths": lengths,
+        "messages": [{"messages": conversation} for conversation in conversations],
     }
-    if sample_type in IMAGE_ONLY_SAMPLE_TYPES:
+    if single_image:
+        record["prompts"] = [turns_of(conversation, "user")[0] for conversation in conversations]
+        record["captions"] = [turns_of(conversation, "assistant")[0] for conversation in conversations]
+    elif sample_type == "packed_multi_mix_qa":
+        record["texts"] = {"prompts": [turns_of(conversation, "user") for conversation in conversations],
+                           "captions": [turns_of(conversation, "assistant") for conversation in conversations]}
+    record["media_files"] = media_files
+    if single_image:
         record["images"] = [item.member for item in media]
+    record["media_keys"] = media_keys
+    record["media_type"] = media_type_of(kinds)
+    record["_meta"] = {"pack_id": key, "sample_ids": sample_ids, "token_lens": lengths,
+                       "total_token_len": sum(lengths)}
     return PackedRecord(record, tuple(media))
 
 

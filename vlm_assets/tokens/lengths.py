@@ -27,10 +27,12 @@ from typing import Any
 import numpy as np
 
 from vlm_assets.catalog.images import oriented_image_size
+from vlm_assets.catalog.media import read_media_bytes
 from vlm_assets.catalog.messages import split_on_placeholders
 from vlm_assets.catalog.schema import STATUS_OK, STATUS_REJECTED
 from vlm_assets.config import FrameCacheConfig
 from vlm_assets.frames.probe import SampledFrames
+from vlm_assets.tokens.consumer import CountingRule, consumer_video
 from vlm_assets.tokens.text import ProcessorText, TextCounter, control_token_in
 
 # Reason prefix of a sample the processor call itself refused (not its media, text or template):
@@ -119,10 +121,29 @@ def text_refusal(conversation: list[dict[str, Any]], text: TextCounter, reject_c
     return control_token_in(conversation, text.control_tokens) if reject_control_tokens else ""
 
 
-def fast_path_counts(sample: SampleForLength, modalities: Modalities, text: TextCounter, reject_control_tokens: bool) -> bool:
+def sample_refusal(conversation: list[dict[str, Any]], media_kinds: Sequence[str], modalities: Modalities,
+                   text: TextCounter, reject_control_tokens: bool, rule: CountingRule | None) -> str:
+    """Why the sample gets no length ("" when it gets one): a modality the processor does not take,
+    a control token in its text, or a shape its sample type's consumer cannot carry."""
+    return (modalities.refusal(media_kinds) or text_refusal(conversation, text, reject_control_tokens)
+            or (rule.refusal(conversation, media_kinds) if rule is not None else ""))
+
+
+def rendered_text(text: TextCounter, conversation: list[dict[str, Any]], rule: CountingRule | None) -> str:
+    """The text the processor tokenises: the chat template's, or the one the sample type's consumer encodes."""
+    if rule is None:
+        return text.render(conversation)
+    return rule.finish(text.render(rule.conversation(conversation), rule.template))
+
+
+def fast_path_counts(sample: SampleForLength, modalities: Modalities, text: TextCounter, reject_control_tokens: bool,
+                     rule: CountingRule | None = None) -> bool:
     """Whether the fast path counts this sample: its modalities are proven, and its text holds no control
-    token that is kept (only the processor knows what a kept one does: expand it, refuse it, ...)."""
+    token that is kept (only the processor knows what a kept one does: expand it, refuse it, ...).
+    A video the consumer samples itself is counted from its frames (the exact path)."""
     if not modalities.counts_fast(sample.media_kinds):
+        return False
+    if rule is not None and rule.resizes_media and "video" in sample.media_kinds:
         return False
     return reject_control_tokens or not control_token_in(chat_conversation(sample.messages), text.control_tokens)
 
@@ -169,9 +190,13 @@ class LengthCounter:
         modalities: Modalities | None = None,
         reject_control_tokens: bool = True,
         tokens_per_clip: int | None = None,
+        rule: CountingRule | None = None,
     ) -> None:
-        """`tokens_per_clip`: a video's tokens, when a processor of the same files counted them before."""
+        """`tokens_per_clip`: a video's tokens, when a processor of the same files counted them before.
+        `rule`: what the packed shards' consumer encodes of a sample (None: the sample as the chat template
+        renders it, videos as the frame cache's frames)."""
         self.processor = processor
+        self.rule = rule
         self.frame_cache = frame_cache
         self.video_loader = video_loader
         self.modalities = modalities or modalities_of(processor)
@@ -182,7 +207,7 @@ class LengthCounter:
 
     # ---- shared -------------------------------------------------------------------------
     def render(self, messages_json: str) -> str:
-        return self.text.render(chat_conversation(messages_json))
+        return rendered_text(self.text, chat_conversation(messages_json), self.rule)
 
     def _split_counts(self, sample: SampleForLength, input_ids: Sequence[int]) -> LengthResult:
         """The length, split by what the processor's image and video token ids mark (text: the rest)."""
@@ -199,29 +224,31 @@ class LengthCounter:
 
     # ---- exact path ---------------------------------------------------------------------
     def exact(self, sample: SampleForLength) -> LengthResult:
-        from vlm_assets.catalog.images import decoded_rgb
-
         try:
             conversation = chat_conversation(sample.messages)
-            refusal = (self.modalities.refusal(sample.media_kinds)
-                       or text_refusal(conversation, self.text, self.reject_control_tokens))
+            refusal = sample_refusal(conversation, sample.media_kinds, self.modalities, self.text,
+                                     self.reject_control_tokens, self.rule)
             if refusal:
                 return LengthResult.rejected(sample.sample_id, refusal)
-            text = self.text.render(conversation)
+            text = rendered_text(self.text, conversation, self.rule)
             images, videos, metadata = [], [], []
             decoded: dict[str, Any] = {}  # a file named several times is decoded once, passed as one object
             for kind, ref in zip(sample.media_kinds, sample.media_refs):
                 if kind == "image":
                     if ref not in decoded:
-                        decoded[ref] = decoded_rgb(ref)
+                        decoded[ref] = self._image(ref)
                     images.append(decoded[ref])
+                elif self.rule is not None and self.rule.resizes_media:
+                    videos.append(consumer_video(read_media_bytes(ref), self.rule))
                 else:
                     sampled, frames = self.video_loader(ref, self.frame_cache)
                     videos.append(frames)
                     metadata.append(video_metadata(sampled, self.frame_cache.frame_size))
         except Exception as error:  # a template, a file or a decoder refusing the sample
             return LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error}")
-        video_kwargs = {"do_sample_frames": False, "video_metadata": metadata} if videos else {}
+        video_kwargs: dict[str, Any] = {"do_sample_frames": False} if videos else {}
+        if metadata:
+            video_kwargs["video_metadata"] = metadata
         try:
             # Tensors: some families (InternVL) assemble video pixels from tensors only.
             encoded = self.processor(
@@ -232,6 +259,16 @@ class LengthCounter:
             return LengthResult.rejected(sample.sample_id, self._call_failure(error, sample, images, videos, metadata))
         return self._split_counts(sample, encoded["input_ids"][0])
 
+    def _image(self, ref: str) -> Any:
+        """The image's pixels at the size they reach the processor."""
+        from vlm_assets.catalog.images import decoded_rgb
+
+        image = decoded_rgb(ref)
+        if self.rule is not None and self.rule.resizes_media:
+            height, width = self.rule.image_size(image.height, image.width)
+            image = image.resize((width, height))
+        return image
+
     def _call_failure(self, error: Exception, sample: SampleForLength, images: list, videos: list, metadata: list) -> str:
         """Why the processor call failed: a media item its image or video processor refuses alone, else the call."""
         image_refs = [ref for ref, kind in zip(sample.media_refs, sample.media_kinds) if kind == "image"]
@@ -241,9 +278,10 @@ class LengthCounter:
                 self.processor.image_processor(images=[image], return_tensors="pt")
             except Exception as media_error:
                 return f"{type(media_error).__name__}: {media_error} (image {ref})"
-        for ref, clip, clip_metadata in zip(video_refs, videos, metadata):
+        for ref, clip, clip_metadata in zip(video_refs, videos, metadata or [None] * len(videos)):
             try:
-                self.processor.video_processor(videos=[clip], do_sample_frames=False, video_metadata=[clip_metadata],
+                self.processor.video_processor(videos=[clip], do_sample_frames=False,
+                                               video_metadata=[clip_metadata] if clip_metadata else None,
                                                return_tensors="pt")
             except Exception as media_error:
                 return f"{type(media_error).__name__}: {media_error} (video {ref})"
@@ -272,9 +310,10 @@ class LengthCounter:
         results: list[LengthResult] = []
         for start in range(0, len(samples), batch_size):
             batch = samples[start:start + batch_size]
-            fast = [fast_path_counts(sample, self.modalities, self.text, self.reject_control_tokens) for sample in batch]
+            fast = [fast_path_counts(sample, self.modalities, self.text, self.reject_control_tokens, self.rule)
+                    for sample in batch]
             measured = iter(measure_samples([sample for sample, quick in zip(batch, fast) if quick], self.text,
-                                            self.modalities, self.reject_control_tokens))
+                                            self.modalities, self.reject_control_tokens, self.rule))
             results.extend(self.complete(next(measured)) if quick else self.exact(sample)
                            for sample, quick in zip(batch, fast))
         return results
@@ -313,22 +352,28 @@ def _token_ids(processor: Any, kind: str) -> list[int]:
 
 
 def measure_samples(
-    samples: Sequence[SampleForLength], text: TextCounter, modalities: Modalities, reject_control_tokens: bool = True
+    samples: Sequence[SampleForLength], text: TextCounter, modalities: Modalities, reject_control_tokens: bool = True,
+    rule: CountingRule | None = None,
 ) -> list[MeasuredSample]:
-    """Each sample's text tokens (its template rendered with one pad token per media item) and media shapes."""
+    """Each sample's text tokens (its template rendered with one pad token per media item) and media shapes
+    (images: the size they reach the processor at)."""
     results: list[MeasuredSample | None] = [None] * len(samples)
     rendered: list[tuple[int, str, tuple[tuple[int, int], ...], int]] = []  # (index, text, image sizes, videos)
     for index, sample in enumerate(samples):
         try:
             conversation = chat_conversation(sample.messages)
-            refusal = modalities.refusal(sample.media_kinds) or text_refusal(conversation, text, reject_control_tokens)
+            refusal = sample_refusal(conversation, sample.media_kinds, modalities, text, reject_control_tokens, rule)
             if refusal:
                 results[index] = MeasuredSample(sample.sample_id, 0, (), 0, refusal)
                 continue
             sizes = tuple(oriented_image_size(ref) for kind, ref in zip(sample.media_kinds, sample.media_refs)
                           if kind == "image")
+            if rule is not None:
+                # A size and its transpose give the same tokens, so EXIF orientation (which the consumer's
+                # decoder does not apply) changes no count.
+                sizes = tuple(rule.image_size(*size) for size in sizes)
             videos = sum(1 for kind in sample.media_kinds if kind == "video")
-            rendered.append((index, text.render(conversation), sizes, videos))
+            rendered.append((index, rendered_text(text, conversation, rule), sizes, videos))
         except Exception as error:  # same failure classes as the exact path
             results[index] = MeasuredSample(sample.sample_id, 0, (), 0, f"{type(error).__name__}: {error}")
     counts = text.token_counts([prompt for _index, prompt, _sizes, _videos in rendered]) if rendered else []

@@ -26,6 +26,7 @@ import numpy as np
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import ConfigError, FrameCacheConfig, ModelConfig
 from vlm_assets.frames.probe import SampledFrames, sample_indices
+from vlm_assets.tokens.consumer import CountingRule
 from vlm_assets.tokens.lengths import (
     LengthCounter,
     LengthResult,
@@ -105,7 +106,7 @@ def check_model_type(model: ModelConfig, profile: ProcessorProfile) -> None:
 
 
 def length_counter(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool = True,
-                   tokens_per_clip: int | None = None) -> LengthCounter:
+                   tokens_per_clip: int | None = None, rule: CountingRule | None = None) -> LengthCounter:
     """This process's counter for `model`: the processor loaded once, its fast path proven (or taken from disk).
     `tokens_per_clip`: a video's tokens as a processor of these files counted them before (a clip
     through the video processor takes seconds)."""
@@ -117,7 +118,7 @@ def length_counter(model: ModelConfig, frame_cache: FrameCacheConfig, reject_con
     if stored_text_spec(model) is None and (spec := text_spec_of(processor)) is not None:
         store_text_spec(model, spec)
     counter = LengthCounter(processor, frame_cache, modalities=modalities, reject_control_tokens=reject_control_tokens,
-                            tokens_per_clip=tokens_per_clip)
+                            tokens_per_clip=tokens_per_clip, rule=rule)
     if modalities.fast_videos and tokens_per_clip is None:
         counter.video_tokens_per_clip  # computed once, here, off the counting path
     return counter

@@ -33,6 +33,7 @@ from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
 from vlm_assets.config import FrameCacheConfig, ModelConfig
 from vlm_assets.parallel import ordered_map
 from vlm_assets.tokens.chunk_plan import STORE_ROWS
+from vlm_assets.tokens.consumer import CountingRule
 from vlm_assets.parquet_batches import aligned_batches, batch_bytes, parquet_batches, parquet_rows
 from vlm_assets.tokens.lengths import (
     PROCESSOR_CALL_FAILED,
@@ -128,19 +129,21 @@ class _ChunkMeasurer:
     the exact path, with the processor loaded on the first such sample.
     """
 
-    def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool) -> None:
+    def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool,
+                 rule: CountingRule | None) -> None:
         self.model, self.frame_cache, self.reject_control_tokens = model, frame_cache, reject_control_tokens
-        self.settings = (processor_fingerprint(model), model, frame_cache, reject_control_tokens)
+        self.rule = rule
+        self.settings = (processor_fingerprint(model), model, frame_cache, reject_control_tokens, rule)
         spec, modalities = stored_text_spec(model), stored_modalities(model, frame_cache)
         self._exact: LengthCounter | None = None
         if spec is None or modalities is None:
-            self._exact = length_counter(model, frame_cache, reject_control_tokens)
+            self._exact = length_counter(model, frame_cache, reject_control_tokens, rule=rule)
         self.text: TextCounter = SpecText(spec) if spec is not None else self.exact_counter().text
         self.modalities: Modalities = modalities if modalities is not None else self.exact_counter().modalities
 
     def exact_counter(self) -> LengthCounter:
         if self._exact is None:
-            self._exact = length_counter(self.model, self.frame_cache, self.reject_control_tokens)
+            self._exact = length_counter(self.model, self.frame_cache, self.reject_control_tokens, rule=self.rule)
         return self._exact
 
     def measure(self, catalog_rows: list[dict]) -> list[LengthResult | MeasuredSample]:
@@ -148,9 +151,10 @@ class _ChunkMeasurer:
             SampleForLength(row["sample_id"], row["messages"], row["media_kinds"], row["media_refs"])
             for row in catalog_rows if row["status"] == STATUS_OK
         ]
-        fast = [fast_path_counts(sample, self.modalities, self.text, self.reject_control_tokens) for sample in ok_samples]
+        fast = [fast_path_counts(sample, self.modalities, self.text, self.reject_control_tokens, self.rule)
+                for sample in ok_samples]
         measured = iter(measure_samples([sample for sample, quick in zip(ok_samples, fast) if quick], self.text,
-                                        self.modalities, self.reject_control_tokens))
+                                        self.modalities, self.reject_control_tokens, self.rule))
         ok = iter(zip(ok_samples, fast))
         results: list[LengthResult | MeasuredSample] = []
         # Every ok sample is answered, in order; a catalogue reject keeps its reason.
@@ -166,15 +170,17 @@ class _ChunkMeasurer:
 _measurer: _ChunkMeasurer | None = None
 
 
-def start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool) -> None:
+def start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool,
+                    rule: CountingRule | None = None) -> None:
     """Set this process up to measure chunks of samples (the text spec's tokenizer built): each
     process of `write_length_table` does first, and a worker may ahead of its chunk runs."""
     global _measurer
     # Kept for the next run in this process (a worker measures chunk after chunk): building it parses
     # the stored text spec and a tokenizer, a second of work and memory that each run left behind.
     # Its processor's files are part of the key: a processor edited in place has a text spec of its own.
-    if _measurer is None or _measurer.settings != (processor_fingerprint(model), model, frame_cache, reject_control_tokens):
-        _measurer = _ChunkMeasurer(model, frame_cache, reject_control_tokens)
+    if _measurer is None or _measurer.settings != (processor_fingerprint(model), model, frame_cache,
+                                                   reject_control_tokens, rule):
+        _measurer = _ChunkMeasurer(model, frame_cache, reject_control_tokens, rule)
 
 
 def _measure_rows(catalog_rows: list[dict]) -> list[LengthResult | MeasuredSample]:
@@ -191,8 +197,9 @@ class _CounterLoad:
     """
 
     def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool,
-                 on_loaded: OnProcessorLoaded | None, eager: bool = True) -> None:
+                 rule: CountingRule | None, on_loaded: OnProcessorLoaded | None, eager: bool = True) -> None:
         self._args = (model, frame_cache, reject_control_tokens)
+        self._rule = rule
         self._on_loaded = on_loaded
         self._counter: LengthCounter | None = None
         self._error: BaseException | None = None
@@ -209,7 +216,7 @@ class _CounterLoad:
 
     def _load(self) -> None:
         try:
-            counter = length_counter(*self._args, tokens_per_clip=self.media_tokens.per_clip)
+            counter = length_counter(*self._args, tokens_per_clip=self.media_tokens.per_clip, rule=self._rule)
             if self._on_loaded is not None:
                 self._on_loaded(processor_profile(counter))
             self._counter = counter
@@ -247,6 +254,7 @@ def write_length_table(
     on_processor_loaded: OnProcessorLoaded | None = None,
     store: ChunkStore | None = None,
     rows: range | None = None,
+    rule: CountingRule | None = None,
 ) -> LengthTableSummary:
     """Write the length table of the catalogue at `catalog` to `target` (atomically).
 
@@ -254,6 +262,7 @@ def write_length_table(
     now is added to it as soon as it is written; once the table is complete, only its chunks stay.
     With `rows` (whole chunks of `chunk_rows` from a chunk's start) and no `target`, only those rows
     are measured, into the store: one chunk of a source measured apart (tokens.chunk_plan).
+    `rule`: what the source's packed shards' consumer encodes of each sample (vlm_assets.tokens.consumer).
     """
     if target is None and (store is None or rows is None):
         raise ValueError("measuring without a target table needs a chunk store and a row range")
@@ -276,7 +285,7 @@ def write_length_table(
     done, reused, ok_lengths = 0, 0, []
     # A table of the whole source reports its processor (and its check loads it anyway); a chunk needs it only for what
     # the stored media tokens lack.
-    load = _CounterLoad(model, frame_cache, reject_control_tokens, on_processor_loaded, eager=target is not None)
+    load = _CounterLoad(model, frame_cache, reject_control_tokens, rule, on_processor_loaded, eager=target is not None)
     # Chunks in table order waiting for the processor (measured ones: seconds' worth), so the pool stays fed.
     waiting: list[tuple[str, pa.Table | list[LengthResult | MeasuredSample]]] = []
     with contextlib.ExitStack() as outputs:
@@ -309,7 +318,7 @@ def write_length_table(
 
         # The load is Python (imports) and needs this process's interpreter: measuring here would halve its pace.
         for measured in ordered_map(_measure_rows, chunks_to_measure(), processes, start_measuring,
-                                    (model, frame_cache, reject_control_tokens),
+                                    (model, frame_cache, reject_control_tokens, rule),
                                     may_work_here=load.ready):
             while order[0][1] is not None:  # stored chunks before this one
                 waiting.append(order.popleft())  # type: ignore[arg-type]

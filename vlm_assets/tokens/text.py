@@ -41,7 +41,7 @@ PROBE_CONVERSATIONS: tuple[Conversation, ...] = (
 class TextCounter(Protocol):
     control_tokens: tuple[str, ...]
 
-    def render(self, conversation: Conversation) -> str: ...
+    def render(self, conversation: Conversation, template: str | None = None) -> str: ...
 
     def token_counts(self, texts: Sequence[str]) -> list[int]: ...
 
@@ -63,8 +63,11 @@ class ProcessorText:
         self.processor = processor
         self.control_tokens = control_tokens_of(processor)
 
-    def render(self, conversation: Conversation) -> str:
-        return self.processor.apply_chat_template(conversation, tokenize=False)
+    def render(self, conversation: Conversation, template: str | None = None) -> str:
+        """`template`: a Jinja chat template instead of the processor's own (vlm_assets.tokens.consumer)."""
+        if template is None:
+            return self.processor.apply_chat_template(conversation, tokenize=False)
+        return self.processor.apply_chat_template(conversation, tokenize=False, chat_template=template)
 
     def token_counts(self, texts: Sequence[str]) -> list[int]:
         return [len(ids) for batch in _batches(texts) for ids in self.processor.tokenizer(batch)["input_ids"]]
@@ -93,11 +96,11 @@ class SpecText:
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
 
-    def render(self, conversation: Conversation) -> str:
+    def render(self, conversation: Conversation, template: str | None = None) -> str:
         from transformers.utils.chat_template_utils import render_jinja_template
 
         prompts, _ = render_jinja_template(
-            conversations=[conversation], tools=None, documents=None, chat_template=self.spec.chat_template,
+            conversations=[conversation], tools=None, documents=None, chat_template=template or self.spec.chat_template,
             return_assistant_tokens_mask=False, continue_final_message=False, add_generation_prompt=False,
             **self.spec.template_kwargs,
         )

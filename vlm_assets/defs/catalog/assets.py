@@ -37,6 +37,7 @@ from vlm_assets.defs.resources import (
 from vlm_assets.defs.tags import CHUNKED_TAG, FORCE_TAG
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.package.writer import sha256_file
+from vlm_assets.tokens.consumer import counting_rule
 from vlm_assets.tokens.histogram import length_histogram_md
 from vlm_assets.parallel import step_processes
 from vlm_assets.parquet_batches import rows_with_ids
@@ -207,6 +208,7 @@ def _measure_lengths(context: dg.AssetExecutionContext, vlm_config: VlmConfig, s
     summary = write_length_table(
         layout.catalog(source.name), target, app.model, app.frame_cache, step_processes(), progress.update,
         reject_control_tokens=source.rejects_control_tokens, on_processor_loaded=loaded, store=store, rows=rows,
+        rule=counting_rule(app, source),
     )
     if summary.reused_rows:
         context.log.info(f"{context.partition_key}: {plural(summary.reused_rows, 'row')} reused from chunks measured before")

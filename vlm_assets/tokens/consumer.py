@@ -1,0 +1,201 @@
+"""What the packed shards' consumer encodes of a sample: the rule its length is counted by.
+
+The consumer is LoongForge's VLM task encoder (docs/formats.md, "Packed records"), which encodes
+each child of a pack by its sample type:
+- packed_captioning: `<|vision_start|><|image_pad|><|vision_end|>` + caption + end-of-text, no chat
+  template; the image as the processor resizes it.
+- packed_vqa: the one user turn and its answer through the processor's chat template, its final
+  newline dropped; the image as the processor resizes it.
+- packed_multi_mix_qa and packed_chat_mix: every turn through the trainer's chat template (`qwen2-vl`:
+  a default system turn, each answer closed by end-of-text, turns joined by a newline, no newline
+  after the last); each image resized within the trainer's `min_pixels`/`max_pixels` and its longer
+  side capped at `image_resolution` (512 px when unset), each video sampled at `fps` and its frames
+  resized within the frame budget, before the processor resizes them in turn.
+A sample a type cannot carry is refused here with a reason that names the type.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vlm_assets.config import AppConfig, SourceConfig, TrainerConfig
+
+CAPTIONING, VQA, MULTI_MIX_QA, CHAT_MIX = "packed_captioning", "packed_vqa", "packed_multi_mix_qa", "packed_chat_mix"
+SINGLE_IMAGE_TYPES = frozenset({CAPTIONING, VQA})
+MEDIA_RESIZING_TYPES = frozenset({MULTI_MIX_QA, CHAT_MIX})
+# The consumer's pixel grid (patch 14 × merge 2), frame grouping, and its media plugin's limits.
+PIXEL_FACTOR = 28
+FRAME_FACTOR = 2
+DEFAULT_IMAGE_RESOLUTION = 512
+MAX_ASPECT_RATIO = 200
+
+_PARTS = (
+    '{%- macro body(content) -%}{%- for part in content -%}'
+    '{%- if part.type == "image" -%}{{- "<|vision_start|><|image_pad|><|vision_end|>" -}}'
+    '{%- elif part.type == "video" -%}{{- "<|vision_start|><|video_pad|><|vision_end|>" -}}'
+    '{%- else -%}{{- part.text -}}{%- endif -%}{%- endfor -%}{%- endmacro -%}'
+)
+# LoongForge's `qwen2-vl` template: the system turn (its default when the sample has none), then
+# user turns each followed by the assistant header, answers closed by end-of-text, and a newline
+# before every user turn after the first.
+QWEN2_VL_TEMPLATE = _PARTS + (
+    '{%- set ns = namespace(system="You are a helpful assistant.") -%}'
+    '{%- for message in messages if message.role == "system" and body(message.content) -%}'
+    '{%- set ns.system = body(message.content) -%}{%- endfor -%}'
+    '{{- "<|im_start|>system\\n" ~ ns.system ~ "<|im_end|>\\n" -}}'
+    '{%- for message in messages if message.role != "system" -%}'
+    '{%- if message.role == "user" -%}'
+    '{%- if not loop.first -%}{{- "\\n" -}}{%- endif -%}'
+    '{{- "<|im_start|>user\\n" ~ body(message.content) ~ "<|im_end|>\\n<|im_start|>assistant\\n" -}}'
+    '{%- else -%}{{- body(message.content) ~ eos_token -}}{%- endif -%}'
+    '{%- endfor -%}'
+)
+CAPTION_TEMPLATE = _PARTS + (
+    '{{- "<|vision_start|><|image_pad|><|vision_end|>" -}}'
+    '{%- for message in messages if message.role == "assistant" -%}{{- body(message.content) -}}{%- endfor -%}'
+    '{{- eos_token -}}'
+)
+
+Conversation = list[dict[str, Any]]  # role + content parts ({"type": "text" | "image" | "video"})
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: float, max_pixels: float) -> tuple[int, int]:
+    """(height, width) rounded to multiples of `factor` with their product within [min_pixels, max_pixels],
+    the aspect ratio kept as near as those allow: the Qwen-VL resize rule the consumer applies."""
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(f"aspect ratio {max(height, width) / min(height, width):.1f} is above {MAX_ASPECT_RATIO}")
+    new_height = max(factor, round(height / factor) * factor)
+    new_width = max(factor, round(width / factor) * factor)
+    if new_height * new_width > max_pixels:
+        scale = math.sqrt(height * width / max_pixels)
+        new_height = math.floor(height / scale / factor) * factor
+        new_width = math.floor(width / scale / factor) * factor
+    elif new_height * new_width < min_pixels:
+        scale = math.sqrt(min_pixels / (height * width))
+        new_height = math.ceil(height * scale / factor) * factor
+        new_width = math.ceil(width * scale / factor) * factor
+    return new_height, new_width
+
+
+def sampled_frame_count(total_frames: int, video_fps: float, trainer: TrainerConfig) -> int:
+    """How many frames the consumer samples from a clip: `fps` per second of it, within
+    [fps_min_frames, fps_max_frames] and the clip's own frames, in whole pairs."""
+    low = math.ceil(trainer.fps_min_frames / FRAME_FACTOR) * FRAME_FACTOR
+    high = math.floor(trainer.fps_max_frames / FRAME_FACTOR) * FRAME_FACTOR
+    wanted = total_frames / video_fps * trainer.fps
+    frames = math.floor(min(min(max(wanted, low), high), total_frames) / FRAME_FACTOR) * FRAME_FACTOR
+    if not FRAME_FACTOR <= frames <= total_frames:
+        raise ValueError(f"a clip of {total_frames} frames gives {frames} sampled frames (needs {FRAME_FACTOR} or more)")
+    return frames
+
+
+@dataclass(frozen=True)
+class CountingRule:
+    """How one sample type's consumer encodes a child, with the trainer's media arguments."""
+
+    sample_type: str
+    trainer: TrainerConfig = TrainerConfig()
+
+    @property
+    def resizes_media(self) -> bool:
+        return self.sample_type in MEDIA_RESIZING_TYPES
+
+    @property
+    def template(self) -> str | None:
+        """The Jinja template the child's text is rendered with (None: the processor's own)."""
+        if self.sample_type == CAPTIONING:
+            return CAPTION_TEMPLATE
+        if self.resizes_media and self.trainer.chat_template == "qwen2-vl":
+            return QWEN2_VL_TEMPLATE
+        return None
+
+    def refusal(self, conversation: Conversation, media_kinds: Sequence[str]) -> str:
+        """Why this sample type cannot carry the sample ("" when it can)."""
+        images, videos = media_kinds.count("image"), media_kinds.count("video")
+        if images and videos:
+            return (f"holds both images and videos; {self.sample_type} packs one media type per pack and its "
+                    "encoder takes one per child")
+        roles = [message["role"] for message in conversation]
+        if "system" in roles and self.sample_type != CHAT_MIX:
+            return f"has a system turn, which {self.sample_type} cannot carry (packed_chat_mix can)"
+        turns = [role for role in roles if role != "system"]
+        if roles.count("system") > 1 or (roles.count("system") == 1 and roles[0] != "system"):
+            return f"has a system turn after the first turn, which {self.sample_type} cannot carry"
+        if not turns or len(turns) % 2 or turns != ["user", "assistant"] * (len(turns) // 2):
+            return f"{self.sample_type} takes user/assistant turn pairs, user first; this sample's turns are {turns}"
+        if self.sample_type in SINGLE_IMAGE_TYPES:
+            if images != 1:
+                return f"{self.sample_type} carries exactly one image per sample; this one has {images} images" + (
+                    f" and {videos} videos" if videos else "")
+            if len(turns) != 2:
+                return (f"{self.sample_type} carries one question and one answer per sample; this one has "
+                        f"{len(turns) // 2} user turns (packed_multi_mix_qa keeps them all)")
+            if self.sample_type == VQA and not _has_part(conversation[0]["content"], "image"):
+                return f"{self.sample_type} needs the image's <image> placeholder in the user turn"
+            if self.sample_type == CAPTIONING and _has_part(conversation[1]["content"], "image"):
+                return f"{self.sample_type} takes the caption as text; the answer holds the <image> placeholder"
+        return ""
+
+    def conversation(self, conversation: Conversation) -> Conversation:
+        """The turns the consumer encodes (a caption: the answer alone)."""
+        if self.sample_type == CAPTIONING:
+            return [message for message in conversation if message["role"] == "assistant"]
+        return conversation
+
+    def finish(self, text: str) -> str:
+        """The rendered text as the consumer tokenises it (VQA drops the template's final newline)."""
+        return text[:-1] if self.sample_type == VQA and text.endswith("\n") else text
+
+    def image_size(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) an image reaches the processor at."""
+        if not self.resizes_media:
+            return height, width
+        height, width = smart_resize(height, width, PIXEL_FACTOR, self.trainer.min_pixels, self.trainer.max_pixels)
+        cap = self.trainer.image_resolution or DEFAULT_IMAGE_RESOLUTION
+        if max(width, height) > cap:
+            scale = cap / max(width, height)
+            width, height = int(width * scale), int(height * scale)
+        if min(width, height) < PIXEL_FACTOR:
+            width, height = max(width, PIXEL_FACTOR), max(height, PIXEL_FACTOR)
+        if width / height > MAX_ASPECT_RATIO:
+            width = height * 180
+        if height / width > MAX_ASPECT_RATIO:
+            height = width * 180
+        return height, width
+
+    def frame_size(self, frames: int, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) the consumer resizes `frames` sampled frames of a clip to."""
+        budget = min(self.trainer.frame_max_pixels, self.trainer.video_max_pixels / frames * FRAME_FACTOR)
+        return smart_resize(height, width, PIXEL_FACTOR, int(self.trainer.frame_min_pixels * 1.05), budget)
+
+
+def counting_rule(app: AppConfig, source: SourceConfig) -> CountingRule:
+    """The rule a source's lengths are counted by: its sample type's, with the trainer's media arguments."""
+    return CountingRule(app.sample_type_of(source), app.trainer)
+
+
+def _has_part(content: list[dict[str, Any]], kind: str) -> bool:
+    return any(part.get("type") == kind for part in content)
+
+
+def consumer_video(data: bytes, rule: CountingRule) -> Any:
+    """A clip's frames as the consumer decodes, samples and resizes them: a (frames, 3, H, W) float tensor.
+
+    Decoded by Energon's own AV decoder, which the consumer reads shards with: its frame count and
+    frame rate are the ones the consumer samples by.
+    """
+    import torch
+    from megatron.energon.av import AVDecoder
+
+    decoder = AVDecoder(io.BytesIO(data))
+    _duration, total_frames = decoder.get_video_duration(get_frame_count=True)
+    frames = sampled_frame_count(total_frames, decoder.get_video_fps(), rule.trainer)
+    indices = torch.linspace(0, total_frames - 1, frames).round().long().tolist()
+    clips = decoder.get_clips(video_clip_ranges=[(index, index + 1) for index in indices], video_unit="frames")
+    video = torch.stack([clip[0] for clip in clips.video_clips], dim=0)
+    height, width = rule.frame_size(frames, video.shape[2], video.shape[3])
+    return torch.nn.functional.interpolate(video.float(), size=(height, width), mode="bicubic", align_corners=False)
