@@ -33,7 +33,10 @@ def test_catalog_and_lengths_materialise_per_source_with_passing_check(demo_conf
     catalog = pd.read_parquet(layout.catalog("demo_images"))
     lengths = pd.read_parquet(layout.lengths("demo_images"))
     assert list(catalog.sample_id) == list(lengths.sample_id)
-    assert (lengths.status == catalog.status).all()
+    assert (lengths.status[catalog.status == "rejected"] == "rejected").all()
+    # The demo's system-turn sample is one its source's sample type (packed_multi_mix_qa) cannot carry.
+    refused = lengths[(catalog.status == "ok") & (lengths.status == "rejected")]
+    assert len(refused) == 1 and refused.reason.str.startswith("not carried by packed_multi_mix_qa: ").all()
     rejected = lengths[lengths.status == "rejected"]
     assert (rejected.reason != "").all() and (rejected.token_len == 0).all()
     ok = lengths[lengths.status == "ok"]

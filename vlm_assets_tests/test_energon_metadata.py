@@ -20,7 +20,15 @@ from vlm_assets.packing.energon_loader import load_all_ids
 
 SHARDS = {"src_a": 3, "src_b": 2}  # source -> shard count
 PER_SHARD = 5
-SUBFLAVORS = {"sample_type": "packed_vqa", "source": "src"}
+SUBFLAVORS = {"sample_type": "packed_chat_mix", "source": "src"}
+
+
+def text_record(key: str) -> dict:
+    """A one-child text record of the consumer's packed_chat_mix layout."""
+    return {"id": key, "sample_type": "packed_chat_mix", "sample_ids": [f"src/{key}"], "lengths": [20],
+            "messages": [{"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]}],
+            "media_files": [[]], "media_keys": [[]], "media_type": "text",
+            "_meta": {"pack_id": key, "sample_ids": [f"src/{key}"], "token_lens": [20], "total_token_len": 20}}
 
 
 def write_shard(path: Path, keys: list[str]) -> Path:
@@ -28,7 +36,7 @@ def write_shard(path: Path, keys: list[str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for key in keys:
-            data = json.dumps({"id": key, "media_files": []}).encode()
+            data = json.dumps(text_record(key)).encode()
             member = tarfile.TarInfo(f"{key}.json")
             member.size = len(data)
             tar.addfile(member, io.BytesIO(data))
@@ -141,7 +149,7 @@ LOADER_AND_PREPARER = textwrap.dedent(
     root = Path(sys.argv[1])
     shards = sorted(root.glob("src_*/pretrain-*.tar"))
     for _ in range(int(sys.argv[2])):
-        prepare_energon_dataset(root, shards, {"sample_type": "packed_vqa"}, workers=2)
+        prepare_energon_dataset(root, shards, {"sample_type": "packed_chat_mix"}, workers=2)
     """
 )
 

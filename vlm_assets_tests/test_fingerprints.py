@@ -66,6 +66,16 @@ CHANGES: dict[str, dict[str, Any]] = {
     "frame_cache.cols": {"frame_cache.rows": 8, "frame_cache.cols": 8},
     "frame_cache.jpeg_quality": {"frame_cache.jpeg_quality": 80},
     "frame_cache.videos_per_shard": {"frame_cache.videos_per_shard": 8},
+    "trainer.chat_template": {"trainer.chat_template": "processor"},
+    "trainer.min_pixels": {"trainer.min_pixels": 6272},
+    "trainer.max_pixels": {"trainer.max_pixels": 1003520},
+    "trainer.image_resolution": {"trainer.image_resolution": 1024},
+    "trainer.frame_min_pixels": {"trainer.frame_min_pixels": 50176},
+    "trainer.frame_max_pixels": {"trainer.frame_max_pixels": 301056},
+    "trainer.video_max_pixels": {"trainer.video_max_pixels": 25690112},
+    "trainer.fps": {"trainer.fps": 1.0},
+    "trainer.fps_min_frames": {"trainer.fps_min_frames": 8},
+    "trainer.fps_max_frames": {"trainer.fps_max_frames": 256},
     "package.name": {"package.name": "other"},
     "package.compress": {"package.compress": "gzip"},
     "package.include": {"package.include": ["packed_wds"]},
@@ -106,7 +116,7 @@ def loader_keys(tmp_path: Path) -> set[str]:
         return re.search(r"unknown key \(allowed: ([^)]*)\)", str(error.value)).group(1).split(", ")
 
     keys = set()
-    sections = {"storage", "model", "sample", "packing", "wds", "frame_cache", "package"}
+    sections = {"storage", "model", "sample", "packing", "wds", "frame_cache", "package", "trainer"}
     for key in allowed({"bogus": 1}):
         if key in sections:
             keys |= {f"{key}.{name}" for name in allowed({key: {"bogus": 1}})}

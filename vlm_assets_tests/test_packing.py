@@ -218,16 +218,19 @@ def test_bfd_picks_the_tightest_bin_and_rejects_out_of_range_lengths():
 # ---------------------------------------------------------------- plan + rejects
 
 
-def test_plan_multi_mix_packs_text_video_and_mixed_and_rejects_with_reasons(mix_layout):
+def test_plan_multi_mix_packs_text_and_video_apart_and_rejects_mixed_with_reasons(mix_layout):
     plan = _plan(mix_layout, "mix", "packed_multi_mix_qa")
     rejects = dict(zip(plan.rejects.sample_id, zip(plan.rejects.category, plan.rejects.reason)))
     assert rejects["mix/long"][0] == CATEGORY_OVER_MAX and "101 > max_token_len 100" in rejects["mix/long"][1]
     assert rejects["mix/broken"] == (CATEGORY_CATALOG, "unreadable image 'x.jpg' [mix/broken.json]")
     assert rejects["mix/nolen"][0] == CATEGORY_MISSING_LENGTH
     assert "processor failed: boom" in rejects["mix/lenfail"][1]
-    assert len(rejects) == 4
+    assert rejects["mix/both"][0] == CATEGORY_MEDIA_KIND and "one media type" in rejects["mix/both"][1]
+    assert len(rejects) == 5
     packed = {sample_id for ids in plan.bins.sample_ids for sample_id in ids}
-    assert {"mix/text", "mix/text2", "mix/video", "mix/both"} <= packed
+    assert {"mix/text", "mix/text2", "mix/video"} <= packed
+    kinds = dict(zip(_catalog(mix_layout, "mix").sample_id, _catalog(mix_layout, "mix").media_type))
+    assert all(len({kinds[sample_id] for sample_id in ids}) == 1 for ids in plan.bins.sample_ids)
     assert accounting_problems(mix_layout.catalog("mix"), plan.bins_path, plan.rejects_path) == []
     assert plan.bins.total_len.max() <= MAX
     assert plan.bins.total_len.tolist() == [sum(lengths) for lengths in plan.bins.lengths]
@@ -309,9 +312,10 @@ def test_records_keep_full_messages_and_name_members_by_flat_index(mix_layout):
     packed, index = by_sample["mix/png"]
     record = packed.record
     assert record["id"].startswith("mix_ps_") and len(record["id"]) == len("mix_ps_00000000")
-    assert len(record["messages"][index]) == 6  # three turns kept whole
-    assert record["texts"]["prompts"][index] == "question png"  # placeholder stripped
-    assert record["texts"]["captions"][index] == "answer png"
+    assert len(record["messages"][index]["messages"]) == 6  # three turns kept whole
+    assert record["texts"]["prompts"][index][0] == "<image>\nquestion png"  # placeholder kept
+    assert record["texts"]["captions"][index][0] == "answer png"
+    assert len(record["texts"]["prompts"][index]) == 3  # every user turn
     assert record["media_files"][index][0].endswith(".png")  # extension from content, not name
     assert record["media_keys"][index] == ["mix/c/photo.jpg"]
     assert sum(record["lengths"]) <= MAX and len(record["lengths"]) == len(record["sample_ids"])
@@ -319,7 +323,7 @@ def test_records_keep_full_messages_and_name_members_by_flat_index(mix_layout):
     assert flat == [f"{'vid' if name.startswith('vid') else 'img'}{k}.{name.split('.')[1]}" for k, name in enumerate(flat)]
     text_record = by_sample["mix/text"][0].record
     assert text_record["media_files"][by_sample["mix/text"][1]] == []
-    assert {r.record["media_type"] for r in records} <= {"image", "video", "mixed", "text"}
+    assert {r.record["media_type"] for r in records} <= {"image", "video", "text"}
     assert "images" not in record
 
 
@@ -401,7 +405,7 @@ def test_shard_members_are_checked_against_records_written_in_any_key_order(mix_
     write_shards(records, out, maxcount=2, maxsize=10**9)
     lines = [json.loads(line) for line in jsonl.read_bytes().splitlines()]
     # A conversation that spells the key the check looks for, as text (quotes escaped in a string).
-    lines[0]["messages"][0][0]["content"] = 'see ,"media_files":[["x.jpg"]] and ,"sample_type":"y"'
+    lines[0]["messages"][0]["messages"][0]["content"] = 'see ,"media_files":[["x.jpg"]] and ,"sample_type":"y"'
     # A file written by another tool: keys in another order, media_files first.
     reordered = tmp_path / "reordered.jsonl"
     reordered.write_text("".join(json.dumps(dict(sorted(record.items(), key=lambda item: item[0] != "media_files")))

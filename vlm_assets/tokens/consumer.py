@@ -60,6 +60,9 @@ CAPTION_TEMPLATE = _PARTS + (
     '{{- eos_token -}}'
 )
 
+# Every reason a sample type gives for not carrying a sample starts so.
+NOT_CARRIED_BY = "not carried by"
+
 Conversation = list[dict[str, Any]]  # role + content parts ({"type": "text" | "image" | "video"})
 
 
@@ -114,30 +117,32 @@ class CountingRule:
         return None
 
     def refusal(self, conversation: Conversation, media_kinds: Sequence[str]) -> str:
-        """Why this sample type cannot carry the sample ("" when it can)."""
+        """Why this sample type cannot carry the sample ("" when it can), starting `not carried by <type>: `."""
+        why = self._why_not_carried(conversation, media_kinds)
+        return f"{NOT_CARRIED_BY} {self.sample_type}: {why}" if why else ""
+
+    def _why_not_carried(self, conversation: Conversation, media_kinds: Sequence[str]) -> str:
         images, videos = media_kinds.count("image"), media_kinds.count("video")
         if images and videos:
-            return (f"holds both images and videos; {self.sample_type} packs one media type per pack and its "
-                    "encoder takes one per child")
+            return "it holds both images and videos (a pack holds one media type, a child one kind of media)"
         roles = [message["role"] for message in conversation]
         if "system" in roles and self.sample_type != CHAT_MIX:
-            return f"has a system turn, which {self.sample_type} cannot carry (packed_chat_mix can)"
+            return "it has a system turn (packed_chat_mix carries one)"
         turns = [role for role in roles if role != "system"]
         if roles.count("system") > 1 or (roles.count("system") == 1 and roles[0] != "system"):
-            return f"has a system turn after the first turn, which {self.sample_type} cannot carry"
+            return "it has a system turn after the first turn"
         if not turns or len(turns) % 2 or turns != ["user", "assistant"] * (len(turns) // 2):
-            return f"{self.sample_type} takes user/assistant turn pairs, user first; this sample's turns are {turns}"
+            return f"its turns are {turns}, not user/assistant pairs with the user first"
         if self.sample_type in SINGLE_IMAGE_TYPES:
             if images != 1:
-                return f"{self.sample_type} carries exactly one image per sample; this one has {images} images" + (
-                    f" and {videos} videos" if videos else "")
+                return f"it has {images} images and {videos} videos (this type carries exactly one image per sample)"
             if len(turns) != 2:
-                return (f"{self.sample_type} carries one question and one answer per sample; this one has "
-                        f"{len(turns) // 2} user turns (packed_multi_mix_qa keeps them all)")
+                return (f"it has {len(turns) // 2} user turns (this type carries one question and one answer; "
+                        "packed_multi_mix_qa keeps them all)")
             if self.sample_type == VQA and not _has_part(conversation[0]["content"], "image"):
-                return f"{self.sample_type} needs the image's <image> placeholder in the user turn"
+                return "its question has no <image> placeholder"
             if self.sample_type == CAPTIONING and _has_part(conversation[1]["content"], "image"):
-                return f"{self.sample_type} takes the caption as text; the answer holds the <image> placeholder"
+                return "its caption holds the <image> placeholder"
         return ""
 
     def conversation(self, conversation: Conversation) -> Conversation:
@@ -191,11 +196,15 @@ def consumer_video(data: bytes, rule: CountingRule) -> Any:
     import torch
     from megatron.energon.av import AVDecoder
 
-    decoder = AVDecoder(io.BytesIO(data))
-    _duration, total_frames = decoder.get_video_duration(get_frame_count=True)
-    frames = sampled_frame_count(total_frames, decoder.get_video_fps(), rule.trainer)
-    indices = torch.linspace(0, total_frames - 1, frames).round().long().tolist()
-    clips = decoder.get_clips(video_clip_ranges=[(index, index + 1) for index in indices], video_unit="frames")
-    video = torch.stack([clip[0] for clip in clips.video_clips], dim=0)
+    try:
+        decoder = AVDecoder(io.BytesIO(data))
+        _duration, total_frames = decoder.get_video_duration(get_frame_count=True)
+        frames = sampled_frame_count(total_frames, decoder.get_video_fps(), rule.trainer)
+        indices = torch.linspace(0, total_frames - 1, frames).round().long().tolist()
+        clips = decoder.get_clips(video_clip_ranges=[(index, index + 1) for index in indices], video_unit="frames")
+        video = torch.stack([clip[0] for clip in clips.video_clips], dim=0)
+    except Exception as error:
+        raise ValueError(f"Energon's AV decoder, which the consumer reads the clip with, fails on it: "
+                         f"{type(error).__name__}: {error}") from error
     height, width = rule.frame_size(frames, video.shape[2], video.shape[3])
     return torch.nn.functional.interpolate(video.float(), size=(height, width), mode="bicubic", align_corners=False)

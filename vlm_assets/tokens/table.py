@@ -33,7 +33,7 @@ from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
 from vlm_assets.config import FrameCacheConfig, ModelConfig
 from vlm_assets.parallel import ordered_map
 from vlm_assets.tokens.chunk_plan import STORE_ROWS
-from vlm_assets.tokens.consumer import CountingRule
+from vlm_assets.tokens.consumer import NOT_CARRIED_BY, CountingRule
 from vlm_assets.parquet_batches import aligned_batches, batch_bytes, parquet_batches, parquet_rows
 from vlm_assets.tokens.lengths import (
     PROCESSOR_CALL_FAILED,
@@ -357,6 +357,7 @@ class RecheckSelection:
     chosen: dict[str, int] = field(default_factory=dict)  # sample id -> stored token_len
     kind_of: dict[str, str] = field(default_factory=dict)  # sample id -> sample_kind
     catalog_ok: int = 0  # rows the catalogue accepted
+    not_carried: int = 0  # of those, rows the source's sample type cannot carry (tokens.consumer)
     ok_by_kind: Counter[str] = field(default_factory=Counter)
     processor_failures: list[dict[str, str]] = field(default_factory=list)  # a few rows the processor call refused
     processor_failure_count: int = 0
@@ -376,6 +377,8 @@ def rows_to_recheck(catalog: Path, lengths: Path, per_kind: int, seed: int = 0) 
         selection.catalog_ok += pc.sum(pc.equal(catalog_batch.column("status"), STATUS_OK)).as_py() or 0
         failed = pc.starts_with(length_batch.column("reason"), PROCESSOR_CALL_FAILED).fill_null(False)
         selection.processor_failure_count += pc.sum(failed).as_py() or 0
+        not_carried = pc.starts_with(length_batch.column("reason"), NOT_CARRIED_BY).fill_null(False)
+        selection.not_carried += pc.sum(not_carried).as_py() or 0
         for row in length_batch.filter(failed).slice(0, 5 - len(selection.processor_failures)).to_pylist():
             selection.processor_failures.append({"sample_id": row["sample_id"], "reason": row["reason"]})
         ok_by_kind += np.bincount(kinds[ok], minlength=len(SAMPLE_KINDS))

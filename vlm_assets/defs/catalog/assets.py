@@ -333,8 +333,9 @@ def lengths_match_processor(
         problems.append(f"{plural(len(mismatches), 'row')} differ from the exact path")
     if selection.processor_failure_count:
         problems.append(f"the processor call refused {plural(selection.processor_failure_count, 'row')}")
-    if selection.catalog_ok and not chosen:
-        problems.append(f"none of the {plural(selection.catalog_ok, 'accepted sample')} has a length")
+    if selection.catalog_ok > selection.not_carried and not chosen:
+        # Rows the sample type cannot carry are rejects with their reason, not a processor's failure.
+        problems.append(f"none of the {plural(selection.catalog_ok - selection.not_carried, 'accepted sample')} has a length")
     recomputed = Counter(selection.kind_of.values())
     description = (f"{plural(len(chosen), 'row')} recomputed with the exact path "
                    f"({', '.join(f'{kind} {n}' for kind, n in recomputed.items()) or 'none'}), {len(mismatches)} differ")
