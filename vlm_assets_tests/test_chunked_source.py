@@ -26,6 +26,7 @@ from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.packing.records import RECORD_COLUMNS, samples_by_id
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, ordered_map, step_processes
 from vlm_assets.parquet_batches import rows_with_ids
+from vlm_assets.tokens.consumer import CountingRule
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
 from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, POOL_MIN_CHUNKS, ChunkStore, rows_to_recheck, sample_kind, write_length_table
@@ -263,7 +264,7 @@ def test_a_source_cut_into_chunks_measures_them_apart_and_gives_the_one_worker_t
     assert tables[1] == tables[2]
     # One process measuring the whole table in one step (no chunk runs, nothing stored) gives the same bytes.
     whole = write_length_table(tmp_path / "workers1" / "vlm_data" / "catalog" / "chat.parquet", tmp_path / "whole.parquet",
-                               ModelConfig(), FRAME_CACHE)
+                               ModelConfig(), FRAME_CACHE, rule=CountingRule("packed_multi_mix_qa"))
     assert whole.reused_rows == 0 and (tmp_path / "whole.parquet").read_bytes() == tables[1]
 
     # Records appended: only the grown last chunk and the new one are measured again, each in its own run.
@@ -360,7 +361,8 @@ def test_a_run_killed_mid_chunks_reruns_only_the_chunks_it_had_not_finished(tmp_
     rerun = _chunk_runs(home)[len(done_before):]
     assert sorted(done_before | set(rerun)) == [f"0000{index}|chat" for index in range(5)]
     assert not done_before & set(rerun), f"{sorted(done_before & set(rerun))} measured again"
-    write_length_table(tmp_path / "vlm_data" / "catalog" / "chat.parquet", tmp_path / "one_pass.parquet", ModelConfig(), FRAME_CACHE)
+    write_length_table(tmp_path / "vlm_data" / "catalog" / "chat.parquet", tmp_path / "one_pass.parquet", ModelConfig(),
+                       FRAME_CACHE, rule=CountingRule("packed_multi_mix_qa"))  # the config's default sample type
     assert (tmp_path / "vlm_data" / "lengths" / "chat.parquet").read_bytes() == (tmp_path / "one_pass.parquet").read_bytes()
 
 
