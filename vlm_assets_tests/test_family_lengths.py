@@ -216,7 +216,10 @@ def test_each_familys_lengths_pack_into_shards_energon_loads(family, family_dirs
     layout = StorageLayout(tmp_path / "out")
     for source in sources:
         lengths = pd.read_parquet(layout.lengths(source["name"]))
-        assert (lengths.status == "ok").all()
+        # 2.avi cannot be seeked by Energon's AV decoder, which the packed shards' consumer reads clips with.
+        unreadable = lengths.reason.str.contains("Energon's AV decoder")
+        assert (lengths.status[~unreadable] == "ok").all() and unreadable.sum() <= 1
         assert (layout.packed_wds(source["name"]) / ".nv-meta").is_dir()
     if family not in NO_VIDEO:
-        assert (pd.read_parquet(layout.lengths("videos")).video_tokens > 0).all()
+        videos = pd.read_parquet(layout.lengths("videos"))
+        assert (videos[videos.status == "ok"].video_tokens > 0).all()
