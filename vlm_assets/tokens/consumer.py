@@ -12,6 +12,10 @@ each child of a pack by its sample type:
   side capped at `image_resolution` (512 px when unset), each video sampled at `fps` and its frames
   resized within the frame budget, before the processor resizes them in turn.
 A sample a type cannot carry is refused here with a reason that names the type.
+
+These encodings spell media with Qwen-VL's vision markup. A processor of another family reads none, so
+its children are counted as its own chat template renders them, the media at their own size: the
+sample type still decides what a pack may carry.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vlm_assets.config import AppConfig, SourceConfig, TrainerConfig
@@ -32,6 +36,8 @@ PIXEL_FACTOR = 28
 FRAME_FACTOR = 2
 DEFAULT_IMAGE_RESOLUTION = 512
 MAX_ASPECT_RATIO = 200
+# The processors whose media placeholders are that markup's (`<|image_pad|>`, `<|video_pad|>`).
+QWEN_VL_PROCESSORS = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor"})
 
 _PARTS = (
     '{%- macro body(content) -%}{%- for part in content -%}'
@@ -102,14 +108,22 @@ class CountingRule:
 
     sample_type: str
     trainer: TrainerConfig = TrainerConfig()
+    qwen_markup: bool = True  # whether the processor reads Qwen-VL's vision markup (see bound_to)
+
+    def bound_to(self, processor_class: str) -> CountingRule:
+        """This rule for a processor of this class: the consumer's encoding where the processor reads
+        Qwen-VL's vision markup, else the processor's own template and sizes."""
+        return replace(self, qwen_markup=processor_class in QWEN_VL_PROCESSORS)
 
     @property
     def resizes_media(self) -> bool:
-        return self.sample_type in MEDIA_RESIZING_TYPES
+        return self.qwen_markup and self.sample_type in MEDIA_RESIZING_TYPES
 
     @property
     def template(self) -> str | None:
         """The Jinja template the child's text is rendered with (None: the processor's own)."""
+        if not self.qwen_markup:
+            return None
         if self.sample_type == CAPTIONING:
             return CAPTION_TEMPLATE
         if self.resizes_media and self.trainer.chat_template == "qwen2-vl":
@@ -147,13 +161,13 @@ class CountingRule:
 
     def conversation(self, conversation: Conversation) -> Conversation:
         """The turns the consumer encodes (a caption: the answer alone)."""
-        if self.sample_type == CAPTIONING:
+        if self.qwen_markup and self.sample_type == CAPTIONING:
             return [message for message in conversation if message["role"] == "assistant"]
         return conversation
 
     def finish(self, text: str) -> str:
         """The rendered text as the consumer tokenises it (VQA drops the template's final newline)."""
-        return text[:-1] if self.sample_type == VQA and text.endswith("\n") else text
+        return text[:-1] if self.qwen_markup and self.sample_type == VQA and text.endswith("\n") else text
 
     def image_size(self, height: int, width: int) -> tuple[int, int]:
         """The (height, width) an image reaches the processor at."""

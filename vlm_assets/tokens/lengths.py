@@ -196,12 +196,12 @@ class LengthCounter:
         `rule`: what the packed shards' consumer encodes of a sample (None: the sample as the chat template
         renders it, videos as the frame cache's frames)."""
         self.processor = processor
-        self.rule = rule
         self.frame_cache = frame_cache
         self.video_loader = video_loader
         self.modalities = modalities or modalities_of(processor)
         self.reject_control_tokens = reject_control_tokens
         self.text = ProcessorText(processor)
+        self.rule = rule.bound_to(self.modalities.processor_class) if rule is not None else None
         self._tokens_by_size: dict[tuple[int, int], int] = {}
         self._tokens_per_clip = tokens_per_clip
 

@@ -140,6 +140,8 @@ class _ChunkMeasurer:
             self._exact = length_counter(model, frame_cache, reject_control_tokens, rule=rule)
         self.text: TextCounter = SpecText(spec) if spec is not None else self.exact_counter().text
         self.modalities: Modalities = modalities if modalities is not None else self.exact_counter().modalities
+        if rule is not None:
+            self.rule = rule.bound_to(self.modalities.processor_class)
 
     def exact_counter(self) -> LengthCounter:
         if self._exact is None:
