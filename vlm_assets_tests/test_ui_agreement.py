@@ -22,6 +22,8 @@ import yaml
 from vlm_assets.defs.automation.sensors import inbox_sensor
 from vlm_assets.definitions import build_definitions
 from vlm_assets.demo import write_demo
+from vlm_assets.layout import StorageLayout
+from vlm_assets.locks import file_lock
 from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, ensure_dagster_home
 from vlm_assets_tests.automation_support import drop_flat_source, tick
 from vlm_assets_tests.run_support import run, site_config, start_run, wait_for_started_run
@@ -178,11 +180,15 @@ def test_run_and_the_ui_agree_on_what_needs_building(tmp_path, monkeypatch):
             assert {f"sample_catalog [{entry}]", f"energon_dataset [{entry}]"} <= agree("a new inbox entry")
             settle("a new inbox entry")
 
-            killed = start_run(config, home, "--select", "sample_lengths[demo_video]", "--force")
-            wait_for_started_run(home, "sample_lengths", "demo_video")
-            os.killpg(killed.pid, signal.SIGKILL)
-            killed.wait(30)
-            assert agree("a run killed mid-step") == {"sample_lengths [demo_video]"}
+            # The test holds the source's lock shared, as a reader would: the forced catalogue step, which
+            # writes under the exclusive lock, is certainly mid-step when the CLI is killed.
+            storage_root = Path(yaml.safe_load(config.read_text())["storage"]["root"])
+            with file_lock(storage_root, StorageLayout.source_lock("demo_video"), shared=True):
+                killed = start_run(config, home, "--select", "sample_catalog[demo_video]", "--force")
+                wait_for_started_run(home, "sample_catalog", "demo_video")
+                os.killpg(killed.pid, signal.SIGKILL)
+                killed.wait(30)
+            assert agree("a run killed mid-step") == {"sample_catalog [demo_video]"}
             settle("a run killed mid-step")
         finally:
             stop_group(server, 30)
