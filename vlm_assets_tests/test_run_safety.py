@@ -151,6 +151,63 @@ def test_ctrl_c_stops_after_the_step_in_flight_and_launches_nothing_more(demo_co
         assert instance.get_latest_materialization_event(dg.AssetKey("frame_cache_index")) is None
 
 
+def _descendants(pid: int) -> set[int]:
+    """The live processes under `pid` (its children, theirs, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _still_running(pids: set[int]) -> set[int]:
+    """Those of `pids` that still run (a zombie has stopped: it waits only to be reaped)."""
+    running = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            running.add(pid)
+    return running
+
+
+@pytest.mark.parametrize("how", ["kill -9 of the CLI alone", "Ctrl-C twice"])
+def test_the_clis_workers_and_their_helpers_go_with_it(demo_config_path, tmp_path, how):
+    config = site_config(demo_config_path, tmp_path)
+    home = tmp_path / "home"
+    assert run(config, home, *WORKERS, "--select", "video_frame_plan").returncode == 0
+    root = load_config(config).storage_root
+    with file_lock(root, "frame_cache-384-64-part-00000"):  # parks the step mid-body
+        process = start_run(config, home, *WORKERS)
+        wait_for_started_run(home, "frame_cache_shard", "part-00000")
+        family = _descendants(process.pid)
+        assert len(family) >= 4, family  # the fork server, the resource tracker, two workers
+        if how == "Ctrl-C twice":
+            process.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            process.send_signal(signal.SIGINT)
+        else:
+            process.kill()  # the CLI's pid alone, not its process group
+        process.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while _still_running(family) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120] for pid in _still_running(family)}
+    for pid in left:  # what a failing test leaves must not outlive it
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"alive 10 s after {how}: {left}"
+
+
 @pytest.mark.parametrize("instances", ["one instance", "two instances"])
 def test_concurrent_runs_on_one_storage_root_never_fail_and_write_the_same_bytes(reference, demo_config_path, tmp_path, instances):
     _, expected, _ = reference

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import select
 import signal
 import threading
 import time
@@ -23,7 +24,7 @@ from vlm_assets.orchestration.outage import is_outage
 from vlm_assets.orchestration.worker_output import send_output_to, workers_log_path
 from vlm_assets.parallel import skip_teardown_at_exit
 
-PARENT_WATCH_S = 1.0
+CLI_WATCH_S = 1.0
 # What a worker runs (orchestration.task), imported by the process the workers are forked from.
 WORKER_MODULE = "vlm_assets.orchestration.task"
 
@@ -32,26 +33,43 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _worker_init(config_path: str, log_path: str) -> None:
+def _worker_init(config_path: str, log_path: str, cli_pid: int) -> None:
     # Its own session: a Ctrl-C in the terminal reaches only the CLI, which then launches nothing
     # more and lets the steps in flight finish.
     os.setsid()
     send_output_to(log_path)
     os.environ[CONFIG_ENV_VAR] = config_path
-    # The fork server the worker came from, which exits as soon as the CLI does.
-    parent_pid = os.getppid()
-
-    def watch_parent() -> None:
-        # If the CLI is killed (kill -9 included) its workers go too, as one would expect of a
-        # foreground command; their runs are then failed by the next sweep. The whole process
-        # group goes: a step's helpers (Dagster's compute-log `tail -F`, started just before its
-        # own orphan watcher) would otherwise outlive it and hold the CLI's stdout open.
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_WATCH_S)
-        os.killpg(0, signal.SIGKILL)
-
-    threading.Thread(target=watch_parent, daemon=True, name="watch-parent").start()
+    threading.Thread(target=_die_with, args=(cli_pid,), daemon=True, name="watch-cli").start()
     skip_teardown_at_exit()
+
+
+def _die_with(cli_pid: int) -> None:
+    """Kill this worker's session once the CLI process is gone, however it went (kill -9 included).
+
+    The CLI itself is watched, not the fork server the worker came from: every forked worker holds
+    the pipe end whose closing tells the fork server that the CLI is gone, so the fork server
+    outlives the CLI as long as a worker does. The whole session goes: a step's helpers (Dagster's
+    compute-log `tail -F`) would otherwise outlive it and hold the CLI's stdout open. Their runs are
+    failed by the next sweep.
+    """
+    try:
+        cli = os.pidfd_open(cli_pid)  # refers to that process, never to a later one given its pid
+    except (AttributeError, OSError):  # no pidfd (an old kernel, another OS): poll the pid
+        while _alive(cli_pid):
+            time.sleep(CLI_WATCH_S)
+    else:
+        select.select([cli], [], [])  # readable once the process has exited
+    os.killpg(0, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _load_code_location(config_path: str) -> None:
@@ -133,7 +151,7 @@ def start_workers(config_path: str, workers: int) -> WorkerPool:
     context.set_forkserver_preload([WORKER_MODULE])
     pool = WorkerPool(
         max_workers=max(1, workers), mp_context=context, initializer=_worker_init,
-        initargs=(config_path, str(log_path)),
+        initargs=(config_path, str(log_path), os.getpid()),
     )
     pool.log_path = log_path
     pool.start(config_path, max(1, workers))
