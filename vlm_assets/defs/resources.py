@@ -160,6 +160,34 @@ class VlmConfig(dg.ConfigurableResource):
 
 
 SOURCES_PARTITIONS = dg.DynamicPartitionsDefinition(name="sources")
+# Rereads and retries of a registration that raced another process's (register_partitions).
+REGISTER_ATTEMPTS = 5
+
+
+def register_partitions(instance: dg.DagsterInstance, partitions: dg.DynamicPartitionsDefinition,
+                        keys: Iterable[str]) -> list[str]:
+    """Add those of `keys` the instance does not know yet; the ones added.
+
+    Dagster's add is read-then-insert: two processes (two runs, a run and a sensor) adding the same
+    key at once make one insert fail on the table's unique key. The loser reads the keys again and
+    adds only what is still missing.
+    """
+    from sqlalchemy.exc import IntegrityError
+
+    wanted = list(dict.fromkeys(keys))
+    for attempt in range(REGISTER_ATTEMPTS):
+        known = set(instance.get_dynamic_partitions(partitions.name))
+        new = [key for key in wanted if key not in known]
+        if not new:
+            return []
+        try:
+            instance.add_dynamic_partitions(partitions.name, new)
+            return new
+        except IntegrityError:
+            if attempt == REGISTER_ATTEMPTS - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    return []
 # The chunks of rows a source's catalogue is cut into (vlm_assets.tokens.chunk_plan): chunk indices,
 # "00000" up, registered by each catalogue as it is built, paired with the sources. A partition
 # key reads `<chunk>|<source>`; a source with fewer chunks than the largest has no rows in the

@@ -9,7 +9,7 @@ import dagster as dg
 
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.defs.automation.dead_runs import fail_dead_runs
-from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.defs.resources import FRAME_CACHE_POOL, HEAVY_POOL, SOURCES_PARTITIONS, VlmConfig, register_partitions
 from vlm_assets.locks import file_lock, process_token, remove_dead_tokens
 from vlm_assets.root_owner import claim_object_root, claim_storage_root
 
@@ -64,7 +64,4 @@ def built_sources(vlm_config: VlmConfig, instance: dg.DagsterInstance) -> list[S
 
 
 def register_sources(instance: dg.DagsterInstance, app: AppConfig) -> None:
-    existing = set(instance.get_dynamic_partitions(SOURCES_PARTITIONS.name))
-    new = [source.name for source in app.sources if source.name not in existing]
-    if new:
-        instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, new)
+    register_partitions(instance, SOURCES_PARTITIONS, (source.name for source in app.sources))

@@ -16,7 +16,7 @@ from vlm_assets.defs.automation.inbox_watch import (
     vanished_sources,
 )
 from vlm_assets.defs.catalog.source_files import changed_source_files
-from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS, VlmConfig, register_partitions
 from vlm_assets.defs.tags import INBOX_ATTEMPT_TAG, INBOX_ENTRY_TAG, INBOX_FINGERPRINT_TAG, LAUNCHED_BY_TAG
 from vlm_assets.frames.index import done_shards
 from vlm_assets.frames.plan import read_plan, shard_members
@@ -87,12 +87,9 @@ def inbox_sensor(context: dg.SensorEvaluationContext, vlm_config: VlmConfig) -> 
             context.log.info(f"{name}: waiting ({reason})")
     gone = _unregistrable(context, app.inbox, entries, registered, {source.name for source in app.sources})
 
-    partition_requests = []
-    new_keys = [launch.entry.source.name for launch in decision.launches if launch.entry.source.name not in registered]
-    if new_keys:
-        partition_requests.append(SOURCES_PARTITIONS.build_add_request(new_keys))
-    if gone:
-        partition_requests.append(SOURCES_PARTITIONS.build_delete_request(gone))
+    # Registered here, not by a partitions request: the request's add races a `vlm-assets run` adding the same key.
+    register_partitions(instance, SOURCES_PARTITIONS, (launch.entry.source.name for launch in decision.launches))
+    partition_requests = [SOURCES_PARTITIONS.build_delete_request(gone)] if gone else []
     runs = []
     for launch in decision.launches:
         source = launch.entry.source
@@ -141,12 +138,11 @@ def _unregistrable(
     description="Registers every source named in the config as a `sources` partition (launches nothing).",
 )
 def configured_sources_sensor(context: dg.SensorEvaluationContext, vlm_config: VlmConfig) -> dg.SensorResult:
-    registered = set(context.instance.get_dynamic_partitions(SOURCES_PARTITIONS.name))
-    new_keys = [source.name for source in vlm_config.app.sources if source.name not in registered]
+    new_keys = register_partitions(context.instance, SOURCES_PARTITIONS, (source.name for source in vlm_config.app.sources))
     if not new_keys:
         return dg.SensorResult(skip_reason="every configured source is registered")
-    context.log.info(f"registering sources: {', '.join(new_keys)}")
-    return dg.SensorResult(dynamic_partitions_requests=[SOURCES_PARTITIONS.build_add_request(new_keys)])
+    context.log.info(f"registered sources: {', '.join(new_keys)}")
+    return dg.SensorResult(skip_reason=f"registered sources: {', '.join(new_keys)}")
 
 
 @dg.sensor(
@@ -184,11 +180,10 @@ def frame_cache_shards_sensor(context: dg.SensorEvaluationContext, vlm_config: V
     plan = read_plan(cache_dir)
     members = shard_members(plan)
     stale = [shard for shard, record in done_shards(cache_dir, plan, settings).items() if record is None]
-    registered = set(context.instance.get_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name))
-    unregistered = [shard for shard in stale if shard not in registered]
     context.log.info(f"plan has {plural(len(members), 'shard')}; {len(stale)} to build: {', '.join(stale) or 'none'}")
     if not stale:
         return dg.SensorResult(skip_reason="every planned shard is built for the current plan", cursor=str(records[0].storage_id))
+    register_partitions(context.instance, FRAME_CACHE_SHARD_PARTITIONS, stale)
     return dg.SensorResult(
         run_requests=[
             dg.RunRequest(
@@ -199,6 +194,5 @@ def frame_cache_shards_sensor(context: dg.SensorEvaluationContext, vlm_config: V
             )
             for shard in stale
         ],
-        dynamic_partitions_requests=[FRAME_CACHE_SHARD_PARTITIONS.build_add_request(unregistered)] if unregistered else [],
         cursor=str(records[0].storage_id),
     )

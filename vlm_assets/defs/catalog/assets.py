@@ -10,7 +10,6 @@ from typing import Any
 import dagster as dg
 import numpy as np
 import pandas as pd
-from sqlalchemy.exc import IntegrityError
 
 from vlm_assets.catalog.appending import reading_settings
 from vlm_assets.catalog.build import MediaValidator
@@ -31,6 +30,7 @@ from vlm_assets.defs.resources import (
     SOURCES_PARTITIONS,
     HFProcessor,
     LoggedProgress,
+    register_partitions,
     VlmConfig,
     versioned,
 )
@@ -53,8 +53,6 @@ from vlm_assets.wording import md_cell, plural
 CHECK_ROWS_PER_KIND = 8
 # Rows of the rejects_by_reason table: the commonest reasons, the others counted below it.
 SHOWN_REASONS = 20
-# Two sources' catalogue runs may register the same chunk indices at once: the later one reads them again.
-REGISTER_ATTEMPTS = 3
 
 
 def reason_table_md(reasons: Counter[str], rows: int = SHOWN_REASONS) -> str:
@@ -102,7 +100,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         built = _catalogue(context, vlm_config, fingerprints, source, walked.snapshot, progress)
     summary, validator, chunks, published = built
     fingerprint = fingerprints.of("sample_catalog", source.name)
-    _register_chunk_indices(context.instance, len(chunks))
+    register_partitions(context.instance, CHUNK_INDEX_PARTITIONS, list(map(chunk_index_key, range(len(chunks)))))
     if summary.kept:
         context.log.info(f"{source.name}: kept the {plural(summary.kept, 'row')} read before; read only the appended records")
     elif summary.read_in_full:
@@ -160,21 +158,6 @@ def _catalogue(context: dg.AssetExecutionContext, vlm_config: VlmConfig, fingerp
         chunks.save(layout.chunk_plan(source.name))
         published = vlm_config.publish(context, "sample_catalog")
     return summary, validator, chunks, published
-
-
-def _register_chunk_indices(instance: dg.DagsterInstance, count: int) -> None:
-    for attempt in range(REGISTER_ATTEMPTS):
-        known = set(instance.get_dynamic_partitions(CHUNK_INDEX_PARTITIONS.name))
-        new = [key for key in map(chunk_index_key, range(count)) if key not in known]
-        if not new:
-            return
-        try:
-            instance.add_dynamic_partitions(CHUNK_INDEX_PARTITIONS.name, new)
-            return
-        except IntegrityError:
-            # Another source's catalogue run added some of the same indices since they were read.
-            if attempt == REGISTER_ATTEMPTS - 1:
-                raise
 
 
 def _samples_for_length(frame: pd.DataFrame) -> list[SampleForLength]:

@@ -7,7 +7,14 @@ from pathlib import Path
 import dagster as dg
 
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
-from vlm_assets.defs.resources import FRAME_CACHE_POOL, FRAME_CACHE_SHARD_PARTITIONS, VlmConfig, step_progress, versioned
+from vlm_assets.defs.resources import (
+    FRAME_CACHE_POOL,
+    FRAME_CACHE_SHARD_PARTITIONS,
+    VlmConfig,
+    register_partitions,
+    step_progress,
+    versioned,
+)
 from vlm_assets.frames.index import write_index
 from vlm_assets.frames.plan import (
     PlannedVideo,
@@ -98,10 +105,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     if orphans:
         context.log.info(f"removed {plural(orphans, 'spooled mosaic')} of videos that are not in the plan")
     shards = list(shard_members(plan))
-    known_keys = set(context.instance.get_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name))
-    new_keys = [shard for shard in shards if shard not in known_keys]
-    if new_keys:
-        context.instance.add_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name, new_keys)
+    new_keys = register_partitions(context.instance, FRAME_CACHE_SHARD_PARTITIONS, shards)
     failed = sum(1 for video in plan if video.error)
     context.log.info(f"plan: {plural(len(plan), 'video')} ({added} new, {failed} unreadable) in {plural(len(shards), 'shard')}")
     return dg.MaterializeResult(**versioned({
