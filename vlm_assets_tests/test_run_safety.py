@@ -208,6 +208,35 @@ def test_the_clis_workers_and_their_helpers_go_with_it(demo_config_path, tmp_pat
     assert not left, f"alive 10 s after {how}: {left}"
 
 
+def test_a_second_run_waits_for_the_partition_another_run_is_building_and_takes_its_result(demo_config_path, tmp_path):
+    config = site_config(demo_config_path, tmp_path)
+    home = tmp_path / "home"
+    target = ("--select", "sample_catalog[demo_images]")
+    root = load_config(config).storage_root
+    with file_lock(root, StorageLayout.source_lock("demo_images")):  # parks the first run's step mid-body
+        first = start_run(config, home, *WORKERS, *target)
+        building = wait_for_started_run(home, "sample_catalog", "demo_images")
+        second = start_run(config, home, *WORKERS, *target)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(second.stdout), daemon=True)
+        reader.start()
+        waiting = f"sample_catalog [demo_images]: being built by run {building.run_id[:8]}"
+        deadline = time.monotonic() + 120
+        while not any(waiting in line for line in lines) and second.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert any(waiting in line for line in lines), "".join(lines)[-3000:]
+    first_output = first.communicate(timeout=300)[0]
+    second.wait(300)
+    reader.join(30)
+    outputs = [first_output, "".join(lines)]
+    assert [first.returncode, second.returncode] == [0, 0], outputs[1][-3000:]
+    assert "▶ sample_catalog [demo_images]" not in outputs[1]
+    assert "= sample_catalog [demo_images]: up to date" in outputs[1]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/partition": "demo_images"}))
+    assert [run.run_id for run in runs if run.tags.get("vlm_assets/asset") == "sample_catalog"] == [building.run_id]
+
+
 @pytest.mark.parametrize("instances", ["one instance", "two instances"])
 def test_concurrent_runs_on_one_storage_root_never_fail_and_write_the_same_bytes(reference, demo_config_path, tmp_path, instances):
     _, expected, _ = reference

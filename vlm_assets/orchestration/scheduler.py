@@ -22,7 +22,7 @@ from pathlib import Path
 import dagster as dg
 
 from vlm_assets.config import AppConfig, SourceConfig
-from vlm_assets.defs.automation.dead_runs import assign_stranded_steps
+from vlm_assets.defs.automation.dead_runs import IN_FLIGHT, assign_stranded_steps, fail_dead_runs
 from vlm_assets.defs.resources import (
     CHUNK_INDEX_PARTITIONS,
     FRAME_CACHE_POOL,
@@ -31,6 +31,7 @@ from vlm_assets.defs.resources import (
     SOURCES_PARTITIONS,
     VlmConfig,
 )
+from vlm_assets.defs.tags import ASSET_TAG, LAUNCHED_BY_TAG
 from vlm_assets.layout import StorageLayout
 from vlm_assets.orchestration.freshness import Freshness, State
 from vlm_assets.orchestration.instance import built_sources, prepare_instance
@@ -212,14 +213,23 @@ def run_graph(
         raise
     log_dir = log_dir or Path(os.environ.get("DAGSTER_HOME", ".")) / "logs"
     in_flight: dict[concurrent.futures.Future, tuple[str, str | None]] = {}
+    waiting: set[tuple[str, str | None]] = set()  # ready, but another process's run is building them
     next_pool_sweep = time.monotonic() + POOL_SWEEP_S
     with _Stop(echo) as stop, pool or start_workers(str(app.path), workers) as pool, loads.abandoned_after(pool):
         while True:
             if not stop.requested:
                 launch = []
-                for node in scheduler.next_ready():
+                ready = scheduler.next_ready()
+                elsewhere = builds_elsewhere(instance) if ready else {}
+                for node in ready:
                     if len(in_flight) + len(launch) >= workers:
                         break
+                    if node in elsewhere:
+                        if node not in waiting:
+                            echo(f"… {label(*node)}: being built by {elsewhere[node]}; waiting for it, then taking its result")
+                            waiting.add(node)
+                        continue
+                    waiting.discard(node)
                     if freshness.up_to_date(*node):
                         scheduler.state[node] = "up_to_date"
                         summary.up_to_date.append(label(*node))
@@ -235,6 +245,11 @@ def run_graph(
             if not in_flight:
                 if stop.requested or not scheduler.next_ready():
                     break
+                if waiting:
+                    time.sleep(WAIT_POLL_S)
+                    if time.monotonic() >= next_pool_sweep:  # a run waited for whose process died is failed
+                        fail_dead_runs(instance)
+                        next_pool_sweep = time.monotonic() + POOL_SWEEP_S
                 continue
             finished, _ = concurrent.futures.wait(list(in_flight), timeout=WAIT_POLL_S,
                                                   return_when=concurrent.futures.FIRST_COMPLETED)
@@ -264,6 +279,25 @@ def run_graph(
                  if (asset, key) not in scheduler.state]
         echo(f"stopped on request; not launched: {', '.join(never) or 'nothing'}")
     return summary
+
+
+def builds_elsewhere(instance: dg.DagsterInstance) -> dict[tuple[str, str | None], str]:
+    """The asset partitions that runs in progress on the instance are building (another `vlm-assets
+    run`, a sensor or schedule under `dagster dev`, a launch from the UI), each with its run's name.
+
+    Asked only about partitions this run has not launched, so every such run is another process's: it
+    is waited for rather than raced, and its result then judged like any other.
+    """
+    building: dict[tuple[str, str | None], str] = {}
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=IN_FLIGHT)):
+        partition = run.tags.get("dagster/partition")
+        who = run.tags.get(LAUNCHED_BY_TAG) or ("vlm-assets run" if ASSET_TAG in run.tags else "a launch")
+        assets = {key.to_user_string() for key in run.asset_selection or ()}
+        if ASSET_TAG in run.tags:
+            assets.add(run.tags[ASSET_TAG])
+        for asset in assets:
+            building[(asset, partition)] = f"run {run.run_id[:8]} ({who})"
+    return building
 
 
 class _ProcessorLoads:
