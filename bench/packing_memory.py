@@ -51,8 +51,14 @@ def write_inputs(samples: int) -> Path:
     reason = pa.array(np.where(rejected, "unreadable image 'x.jpg'", ""))
     lengths = vlm_lengths(samples, MAX_TOKEN_LEN, seed=samples)
     zeros = pa.array(np.zeros(samples, dtype=np.int64))
+    images = pa.array([[f"/data/images/{number:09d}.jpg"] for number in range(samples)])
     catalog = pa.table({"sample_id": ids, "status": status, "reason": reason,
-                        "media_type": pa.array(np.full(samples, "image"))})
+                        "media_type": pa.array(np.full(samples, "image")),
+                        # What packing hashes of each sample besides its id (plan.CONTENT_COLUMNS).
+                        "messages": pa.array([f'[{{"role":"user","content":"<image>What is in picture {number}?"}}]'
+                                              for number in range(samples)]),
+                        "media_files": images, "media_kinds": pa.array([["image"]] * samples),
+                        "media_refs": images, "media_keys": images})
     lengths = pa.table({"sample_id": ids, "status": status, "reason": reason,
                         "token_len": pa.array(np.where(rejected, 0, lengths)), "text_tokens": pa.array(lengths),
                         "image_tokens": zeros, "video_tokens": zeros})

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import os
+import sqlite3
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +40,29 @@ def same_bytes(a: Path, b: Path) -> bool:
                     return True
     except FileNotFoundError:
         return False
+
+
+@contextlib.contextmanager
+def naming_a_full_disk(path: str | os.PathLike[str]) -> Iterator[None]:
+    """A full disk met while writing `path` re-raised as OSError(ENOSPC) naming it: SQLite says only
+    "database or disk is full", and a failed write() names no file."""
+    try:
+        yield
+    except Exception as error:
+        if _disk_full(error):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from error
+        raise
+
+
+def _disk_full(error: BaseException | None) -> bool:
+    """Whether `error`, or one it was raised from, is a full disk that names no file."""
+    while error is not None:
+        if isinstance(error, sqlite3.Error) and getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_FULL:
+            return True
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return error.filename is None
+        error = error.__cause__ or error.__context__
+    return False
 
 
 @contextlib.contextmanager

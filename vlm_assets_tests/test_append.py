@@ -10,6 +10,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 import yaml
+from PIL import Image
 
 from vlm_assets.packing.energon_loader import load_all_ids
 from vlm_assets.packing.plan import PackingInputError
@@ -51,6 +52,13 @@ def test_kept_bins_stay_first_and_only_new_samples_are_packed_after_them(tmp_pat
     refused(["a", "b", "c"], [60, 55, 30], 100, "its length is now 55, was 50")
     refused(["a", "b", "c"], [60, 50, 30], 70, "over max_token_len 70")
     refused(["a", "b", "c"], [60, 50, 300], 100, "c: token_len 300 > max_token_len 100")
+
+    # The same length, another text: its packed record would differ.
+    first.bins_path.write_bytes(kept)
+    catalog, lengths = _frames(["a", "b", "c"], [60, 50, 30])
+    catalog["messages"] = ["[]", "[]", '[{"role":"user","content":"edited"}]']
+    with pytest.raises(PackingInputError, match="samples whose text or media changed: c\\).*packing.mode: full"):
+        pack_frames(catalog, lengths, tmp_path, "packed_multi_mix_qa", 100, append=True)
 
 
 @pytest.mark.processes
@@ -136,3 +144,74 @@ def test_packed_records_are_kept_only_when_they_are_the_first_bins_records(tmp_p
         with open(tmp_path / "copy.jsonl", "w+b") as copy:
             assert kept_records(path, bins, "chat", "packed_multi_mix_qa", copy_to=copy) == kept
         assert (tmp_path / "copy.jsonl").read_bytes() == (path.read_bytes() if kept else b"")  # its last line cut short
+
+
+def _image_lines(first: int, count: int, ids: bool = True) -> str:
+    return "".join(json.dumps({**({"id": f"p{number}"} if ids else {}), "images": [f"{number % 3}.bmp"], "messages": [
+        {"role": "user", "content": f"<image>What is in picture {number}?"},
+        {"role": "assistant", "content": f"A red box, number {number}."}]}) + "\n" for number in range(first, first + count))
+
+
+def _append_config(tmp_path, manifest) -> tuple:
+    for number in range(3):  # BMP: another picture of the same size is the same number of bytes
+        Image.new("RGB", (32, 24), (number * 80, 0, 0)).save(tmp_path / f"{number}.bmp")
+    config = tmp_path / "vlm_assets.yaml"
+    config.write_text(yaml.safe_dump({
+        "storage": {"root": str(tmp_path / "vlm_data")},
+        "sources": [{"name": "pics", "kind": "jsonl", "path": str(manifest), "media_root": str(tmp_path)}],
+        "sample": {"max_token_len": 512},
+        "packing": {"mode": "append", "min_fill_ratio": 0.0},
+        "wds": {"maxcount": 2},
+    }))
+    return config, tmp_path / "home", tmp_path / "vlm_data" / "packed_wds" / "pics"
+
+
+@pytest.mark.processes
+def test_a_kept_samples_text_or_image_changed_fails_the_append_naming_it(tmp_path):
+    manifest = tmp_path / "pics.jsonl"
+    manifest.write_text(_image_lines(0, 12))
+    config, home, _ = _append_config(tmp_path, manifest)
+    assert (first := run(config, home, "--select", "energon_dataset")).returncode == 0, first.stdout[-3000:]
+
+    # Another text of the same token length: the kept record and shard would keep the old one.
+    manifest.write_text(_image_lines(0, 12).replace("A red box, number 4.", "A tan box, number 4.") + _image_lines(12, 2))
+    edited = run(config, home, "--select", "energon_dataset")
+    assert edited.returncode != 0 and "samples whose text or media changed: pics/p4" in edited.stdout, edited.stdout[-3000:]
+    assert "set packing.mode: full" in edited.stdout
+
+    # The text as it was, an image's bytes replaced (same name, same size): its shards hold the old bytes.
+    manifest.write_text(_image_lines(0, 14))
+    image = tmp_path / "1.bmp"
+    before = image.read_bytes()
+    Image.new("RGB", (32, 24), (0, 0, 200)).save(image)
+    assert len(image.read_bytes()) == len(before) and image.read_bytes() != before
+    swapped = run(config, home, "--select", "energon_dataset")
+    assert swapped.returncode != 0, swapped.stdout[-3000:]
+    named = next(line for line in swapped.stdout.splitlines() if "samples whose text or media changed" in line)
+    assert all(f"pics/p{number}" in named for number in (1, 4, 7, 10)) and "pics/p0," not in named
+
+
+@pytest.mark.processes
+def test_records_without_ids_and_an_interrupted_append_keep_every_sample_shipped_once(tmp_path):
+    manifest = tmp_path / "pics.jsonl"
+    manifest.write_text(_image_lines(0, 12, ids=False))
+    config, home, shards_dir = _append_config(tmp_path, manifest)
+    assert (first := run(config, home, "--select", "energon_dataset")).returncode == 0, first.stdout[-3000:]
+    kept = {path.name: path.read_bytes() for path in list_shards(shards_dir)}
+
+    # A line inserted at the top: the other records keep their ids (by content, not by line).
+    manifest.write_text(_image_lines(100, 1, ids=False) + _image_lines(0, 12, ids=False) + _image_lines(12, 6, ids=False))
+    assert (second := run(config, home, "--select", "energon_dataset")).returncode == 0, second.stdout[-3000:]
+    shards = list_shards(shards_dir)
+    assert {path.name: path.read_bytes() for path in shards[:len(kept)]} == kept
+
+    # An append cut short leaves a later shard finished and an earlier one missing: the next run resumes.
+    shards[len(kept)].unlink()
+    with manifest.open("a") as appended:
+        appended.write(_image_lines(18, 2, ids=False))
+    assert (third := run(config, home, "--select", "energon_dataset")).returncode == 0, third.stdout[-3000:]
+    assert {path.name: path.read_bytes() for path in list_shards(shards_dir)[:len(kept)]} == kept
+    records = [json.loads(line) for line in (tmp_path / "vlm_data" / "packed_json" / "pics.jsonl").read_text().splitlines()]
+    shipped = [sample for record in records for sample in record["sample_ids"]]
+    assert len(shipped) == len(set(shipped)) == 21  # every record once, none twice
+    assert sorted(load_all_ids(shards_dir)) == sorted(record["id"] for record in records)

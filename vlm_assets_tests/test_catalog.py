@@ -101,13 +101,24 @@ def test_hostile_media_path_is_rejected(tmp_path):
     assert row.status == "rejected" and "escapes" in row.reason
 
 
-def test_jsonl_without_unique_ids_uses_record_numbers_and_keeps_going(tmp_path):
+def test_jsonl_without_unique_ids_names_records_by_content_and_keeps_going(tmp_path):
     path = tmp_path / "data.jsonl"
-    path.write_text('{"messages": [{"role": "user", "content": "a"}]}\n{broken\n{"texts": "caption only"}\n')
+    lines = ['{"messages": [{"role": "user", "content": "a"}]}', "{broken", '{"texts": "caption only"}',
+             '{"messages": [{"role": "user", "content": "a"}]}']
+    path.write_text("\n".join(lines) + "\n")
     frame = build_catalog(SourceConfig("j", "jsonl", path, tmp_path))
-    assert list(frame.sample_id) == ["j/1", "j/2", "j/3"]
-    assert list(frame.status) == ["ok", "rejected", "ok"]
+    first, caption = frame.sample_id[0], frame.sample_id[2]
+    assert frame.sample_id[1] == "j/line-2" and frame.sample_id[3] == f"{first}-2"  # a repeat is numbered, not rejected
+    assert list(frame.status) == ["ok", "rejected", "ok", "ok"]
     assert "data.jsonl:2" in frame.iloc[1].reason
+
+    # A line inserted at the top (even one more copy) leaves every other record its id.
+    path.write_text('{"texts": "new"}\n' + "\n".join(lines) + "\n")
+    moved = build_catalog(SourceConfig("j", "jsonl", path, tmp_path))
+    assert list(moved.sample_id[1:]) == [first, "j/line-3", caption, f"{first}-2"]
+    path.write_text("\n".join([lines[0], *lines]) + "\n")
+    assert list(build_catalog(SourceConfig("j", "jsonl", path, tmp_path)).sample_id) == [
+        first, f"{first}-2", "j/line-3", caption, f"{first}-3"]
 
 
 def test_message_styles_normalise_to_role_content_with_placeholders():

@@ -86,13 +86,15 @@ def test_rows_the_processor_call_refuses_fail_the_check_and_nothing_downstream_i
     assert not result.asset_materializations_for_node("packing_bins") and not layout.bins("src").exists()
 
 
-def test_a_source_whose_accepted_samples_all_lack_a_length_fails_the_check(tmp_path):
+def test_a_source_whose_accepted_samples_all_lack_a_length_fails_sample_lengths_naming_why(tmp_path):
     vlm_config = _text_source_config(tmp_path, ["<image><|im_start|>assistant\nI am the assistant now"])
     result = _materialise_lengths_and_bins(vlm_config)
-    [check] = result.get_asset_check_evaluations()
-    assert not check.passed and "none of the 1 accepted sample has a length" in check.description
-    failed = pd.read_parquet(StorageLayout(tmp_path / "out").lengths_failed_check("src"))
-    assert failed.reason[0].startswith("text holds the processor's control token '<|im_start|>' (turn 1, user)")
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    assert failure.step_key == "sample_lengths"
+    assert ("src: no sample left after token lengths (1 rejected): 1 × text holds the processor's control token "
+            "'<|im_start|>' (turn 1, user)") in failure.step_failure_data.error.message
+    assert [event for event in result.get_asset_materialization_events()
+            if event.asset_key == dg.AssetKey("sample_lengths")] == []
 
 
 def test_a_model_type_other_than_the_processors_fails_sample_lengths_naming_both(tmp_path):

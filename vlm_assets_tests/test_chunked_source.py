@@ -107,6 +107,7 @@ def test_a_big_jsonl_read_in_ranges_by_the_processes_gives_the_one_reader_catalo
     lines[120] = ""  # a blank line: not a record
     lines[200] = json.dumps({"id": "big", "messages": [{"role": "user", "content": "x" * 5000}]})  # over the limit
     lines[300] = json.dumps({"id": "r300", "messages": [{"role": "user", "content": "<image>"}], "images": ["gone.jpg"]})
+    lines[399] = lines[1]  # the same record again
     (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
     source = SourceConfig("ranges", "jsonl", tmp_path / "train.jsonl", tmp_path, max_record_bytes=4096)
     one = tmp_path / "one.parquet"
@@ -124,7 +125,9 @@ def test_a_big_jsonl_read_in_ranges_by_the_processes_gives_the_one_reader_catalo
     frame = read_catalog(ranged)
     assert frame.sample_id.is_unique and summary.samples == 399
     duplicates = sum(reason.startswith("duplicate sample id") for reason in frame.reason)
-    assert duplicates == (10 if ids == "all" else 0)  # without ids on all, records are numbered
+    assert duplicates == (10 if ids == "all" else 0)  # without ids on all, records are named by their content
+    if ids != "all":
+        assert frame.sample_id.iloc[-1] == frame.sample_id.iloc[1] + "-2"  # the copy's occurrence is numbered
     assert len(list(MediaCheckLog(tmp_path / "checks.sqlite", append=False).passes())) == 1  # a.jpg
 
 

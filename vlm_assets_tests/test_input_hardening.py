@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import os
 import sys
 import tarfile
@@ -187,6 +188,12 @@ def _rows(source: SourceConfig) -> dict[str, tuple[str, str]]:
     return {row.sample_id: (row.status, row.reason) for row in frame.itertuples()}
 
 
+def _content_id(rows: dict[str, tuple[str, str]], source: str) -> str:
+    """The one id of the rows that is a record's content digest with no repeat number (an id-less record's)."""
+    [found] = [sample_id for sample_id in rows if re.fullmatch(rf"{source}/[0-9a-f]{{16}}", sample_id)]
+    return found
+
+
 def _expect(rows: dict[str, tuple[str, str]], expected: dict[str, tuple[str, ...]]) -> None:
     """`expected`: sample id -> ("ok",) or ("rejected", substrings the reason must contain)."""
     assert sorted(rows) == sorted(expected)  # every input record is a row, and nothing else is
@@ -247,18 +254,21 @@ def test_jsonl_bad_lines_fail_alone_and_repeated_ids_are_rejected_rows(corpus, w
 def test_json_array_element_fails_alone(corpus):
     rows = _rows(load_config(corpus["config"]).source("arr"))
     array = corpus["jdir"] / "array.json"
-    _expect(rows, {"arr/1": ("ok",), "arr/2": ("rejected", "nested too deeply", f"{array}[1]"), "arr/3": ("ok",)})
+    ok = sorted(sample_id for sample_id, (status, _) in rows.items() if status == "ok")
+    assert ok == [_content_id(rows, "arr"), f"{_content_id(rows, 'arr')}-2"], ok  # two equal records, named by content
+    _expect(rows, {ok[0]: ("ok",), "arr/element-1": ("rejected", "nested too deeply", f"{array}[1]"), ok[1]: ("ok",)})
 
 
 def test_broken_json_array_keeps_the_elements_before_and_around_the_damage(tmp_path):
     good = json.dumps(_sample())
     (tmp_path / "a.json").write_text(f'[{good}, {{"messages": [1,, 2]}}, {good}, {{"unclosed": [')
     rows = _rows(SourceConfig("a", "jsonl", tmp_path / "a.json", tmp_path))
+    first = _content_id(rows, "a")
     _expect(rows, {
-        "a/1": ("ok",),
-        "a/2": ("rejected", "malformed JSON", f"{tmp_path / 'a.json'}[1]"),
-        "a/3": ("ok",),
-        "a/4": ("rejected", "malformed JSON array", "never closed"),
+        first: ("ok",),
+        "a/element-1": ("rejected", "malformed JSON", f"{tmp_path / 'a.json'}[1]"),
+        f"{first}-2": ("ok",),  # the same record again: the same content id, numbered
+        "a/element-3": ("rejected", "malformed JSON array", "never closed"),
     })
 
 
@@ -288,11 +298,12 @@ def test_the_default_limits_refuse_hostile_records(tmp_path):
     flat = _rows(SourceConfig("f", "flat_dir", tmp_path, tmp_path))
     _expect(flat, {"f/ok.json": ("ok",), "f/deep.json": ("rejected", "nested too deeply", "max_json_depth (100)")})
     lines = _rows(SourceConfig("l", "jsonl", tmp_path / "lines.jsonl", tmp_path))
+    first = _content_id(lines, "l")
     _expect(lines, {
-        "l/1": ("ok",),
-        "l/2": ("rejected", "nested too deeply", f"{tmp_path / 'lines.jsonl'}:2"),
-        "l/3": ("rejected", "malformed JSON", "Unterminated string", f"{tmp_path / 'lines.jsonl'}:3"),
-        "l/4": ("ok",),
+        first: ("ok",),
+        "l/line-2": ("rejected", "nested too deeply", f"{tmp_path / 'lines.jsonl'}:2"),
+        "l/line-3": ("rejected", "malformed JSON", "Unterminated string", f"{tmp_path / 'lines.jsonl'}:3"),
+        f"{first}-2": ("ok",),
     })
 
 
@@ -350,9 +361,9 @@ def test_odd_files_are_rows_not_hangs_or_crashes(tmp_path):
 
     lines = tmp_path / "lines.jsonl"
     lines.write_bytes(json.dumps(_sample()).encode() + b'\n{"texts": "caf\xe9"}\n' + json.dumps(_sample()).encode())
-    _expect(_rows(SourceConfig("l", "jsonl", lines, tmp_path)), {
-        "l/1": ("ok",), "l/2": ("rejected", "not UTF-8", f"{lines}:2"), "l/3": ("ok",),
-    })
+    line_rows = _rows(SourceConfig("l", "jsonl", lines, tmp_path))
+    first = _content_id(line_rows, "l")
+    _expect(line_rows, {first: ("ok",), "l/line-2": ("rejected", "not UTF-8", f"{lines}:2"), f"{first}-2": ("ok",)})
 
     shard = tmp_path / "wds" / "pretrain-000000.tar"
     _tar(shard, [(f"k{index}.json", json.dumps({"texts": "x" * 3000}).encode()) for index in range(4)])
@@ -360,3 +371,18 @@ def test_odd_files_are_rows_not_hangs_or_crashes(tmp_path):
     rows = _rows(SourceConfig("w", "wds", shard.parent, shard.parent))
     assert rows["w/k0"] == ("ok", "")
     assert rows["w/pretrain-000000.tar"][0] == "rejected" and str(shard) in rows["w/pretrain-000000.tar"][1]
+
+
+def test_a_lone_surrogate_is_one_rejected_row_naming_its_line_or_file(tmp_path):
+    lone = '{"messages": [{"role": "user", "content": "\\ud800 what?"}, {"role": "assistant", "content": "A colour."}]}'
+    (tmp_path / "lines.jsonl").write_text("\n".join([json.dumps(_sample(id="a")), lone.replace("{", '{"id": "b", ', 1),
+                                                     json.dumps(_sample(id="c"))]) + "\n")
+    _expect(_rows(SourceConfig("l", "jsonl", tmp_path / "lines.jsonl", tmp_path)), {
+        "l/a": ("ok",), "l/b": ("rejected", "lone surrogate", f"{tmp_path / 'lines.jsonl'}:2"), "l/c": ("ok",),
+    })
+    flat = tmp_path / "flat"
+    _write(flat / "good.json", _sample())
+    _write(flat / "odd.json", lone)
+    _expect(_rows(SourceConfig("f", "flat_dir", flat, flat)), {
+        "f/good.json": ("ok",), "f/odd.json": ("rejected", "lone surrogate", str(flat / "odd.json")),
+    })

@@ -16,13 +16,13 @@ from vlm_assets_tests.test_provenance import write_site
 pytestmark = pytest.mark.processes
 
 WORKERS_LOG = re.compile(r"^what the worker processes printed \(libraries' own output too\): (\S+)$", re.MULTILINE)
-FAILED_LINE = re.compile(r"^  ✗ energon_dataset \[empty\] failed: (.+); full log: (\S+)$", re.MULTILINE)
+FAILED_LINE = re.compile(r"^  ✗ sample_catalog \[empty\] failed: (.+); full log: (\S+)$", re.MULTILINE)
 
 
 def test_workers_print_to_the_log_file_and_the_terminal_keeps_the_cli_lines(tmp_path):
     site = tmp_path / "site"
     config = write_site(site, 8192)
-    # A second source whose only record is rejected: it has no shards, so its energon_dataset fails.
+    # A second source whose only record is rejected: its catalogue, which left it with no sample, fails.
     (site / "empty.jsonl").write_text(json.dumps({"id": "e1", "no_conversation": True}) + "\n")
     raw = yaml.safe_load(config.read_text())
     raw["sources"].append({"name": "empty", "kind": "jsonl", "path": "empty.jsonl"})
@@ -39,11 +39,11 @@ def test_workers_print_to_the_log_file_and_the_terminal_keeps_the_cli_lines(tmp_
     failed = FAILED_LINE.search(terminal)
     assert failed, terminal[-3000:]
     cause, run_log = failed.group(1), Path(failed.group(2))
-    assert "no packed shards to prepare" in cause and run_log.parent == home / "logs"
+    assert cause.startswith("empty: no sample left after its catalogue (1 rejected): 1 × ") and run_log.parent == home / "logs"
 
     [workers_log] = (home / "logs").glob("workers-*.log")
     printed = workers_log.read_text()
     assert re.search(r"^Saving info to .*/packed_wds/talk/", printed, re.MULTILINE), printed[-3000:]
     assert " - dagster - INFO - " in printed and "talk: Energon indexed 1 sample" in printed
-    assert "no packed shards to prepare" in printed and "Stack Trace" in printed
+    assert "no sample left after its catalogue" in printed
     assert WORKERS_LOG.search(run_log.read_text()).group(1) == str(workers_log)

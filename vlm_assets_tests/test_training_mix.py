@@ -194,13 +194,35 @@ def test_a_weighted_source_without_bins_is_a_clear_error(tmp_path):
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["good", "textonly"])
         materialize(defs, instance, SOURCE_LINEAGE, "good")
-        materialize(defs, instance, SOURCE_LINEAGE[:-1], "textonly")
+        emptied = dg.materialize(list(defs.assets), selection=SOURCE_LINEAGE[:-1], partition_key="textonly",
+                                 instance=instance, resources=defs.resources, raise_on_error=False)
+        [lengths_failure] = [event for event in emptied.all_events if event.is_step_failure]
+        assert lengths_failure.step_key == "sample_lengths"
+        assert ("textonly: no sample left after token lengths (3 rejected): 3 × not carried by packed_vqa"
+                in lengths_failure.step_failure_data.error.message)
         result = dg.materialize(list(defs.assets), selection=["training_mix"], instance=instance,
                                 resources=defs.resources, raise_on_error=False)
     assert not result.success
     [failure] = [event for event in result.all_events if event.is_step_failure]
     message = failure.step_failure_data.error.message
     assert "source 'textonly' has weight 2 but no packed bins" in message and "set its weight to 0" in message
+
+
+def test_a_source_packing_leaves_empty_fails_at_packing_bins_naming_why(tmp_path):
+    flat_source(tmp_path / "long", samples=3, seed=7)
+    config = write_config(tmp_path, "sources:\n  - {name: long, kind: flat_dir, path: ./long}\n")
+    config.write_text(config.read_text().replace("max_token_len: 160", "max_token_len: 24"))
+    defs = build_definitions(config)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["long"])
+        result = dg.materialize(list(defs.assets), selection=SOURCE_LINEAGE[:3], partition_key="long",
+                                instance=instance, resources=defs.resources, raise_on_error=False)
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    assert failure.step_key == "packing_bins"
+    message = failure.step_failure_data.error.message
+    assert "long: no sample left after packing (3 rejected): 3 × " in message and "24" in message, message
+    assert [event.asset_key.path for event in result.get_asset_materialization_events()
+            if event.asset_key.path == ["packing_bins"]] == []
 
 
 @pytest.mark.parametrize(

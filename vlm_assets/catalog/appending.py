@@ -172,7 +172,7 @@ def plan_extension(source: SourceConfig, catalog: Path, mark_path: Path, setting
         raise AppendRefused(f"its first {mark.bytes} bytes (read before) changed")
     if not catalog.is_file() or FileMark.of(catalog).sha256 != mark.catalog_sha256:
         raise AppendRefused("the catalogue is not the one the mark was written with")
-    part = JsonlPart(mark.bytes, mark.lines + 1, mark.records + 1, mark.survey)
+    part = JsonlPart(mark.bytes, mark.lines + 1, mark.survey)
     added = survey_range(source, part.lines(source), count_all=False)
     if (mark.survey + added).use_ids != mark.survey.use_ids:
         raise AppendRefused("the appended records change how all records are named (by id or by number)")

@@ -253,7 +253,9 @@ def _with_duplicates_marked(records: Iterable[RawRecord], seen: SeenIds | None) 
         if seen is None:
             seen = owned.enter_context(SeenIds())
         for raw in records:
-            if raw.sample_id in seen:
+            if raw.repeats_numbered and raw.sample_id in seen:
+                raw.sample_id = _repeat_id(raw.sample_id, seen)
+            elif raw.sample_id in seen:
                 raw.error = _duplicate(raw.sample_id, seen, raw.origin)
                 raw.record = None
                 raw.sample_id = f"{raw.sample_id}#dup{len(seen)}"
@@ -265,10 +267,22 @@ def _duplicate(sample_id: str, seen: SeenIds, origin: str) -> str:
     return f"duplicate sample id {sample_id!r}, first read from {seen[sample_id]} [{origin}]"
 
 
-def _unique_row(row: dict, seen: SeenIds) -> dict:
-    """`row`, or, if its sample id was seen before, the reject _with_duplicates_marked makes of it."""
+def _repeat_id(sample_id: str, seen: SeenIds) -> str:
+    """The id of a repeat of a record named by its content: the first occurrence number (2, 3, …)
+    not taken, so identical records keep distinct ids that a line inserted elsewhere does not shift."""
+    occurrence = 2
+    while f"{sample_id}-{occurrence}" in seen:
+        occurrence += 1
+    return f"{sample_id}-{occurrence}"
+
+
+def _unique_row(row: dict, seen: SeenIds, repeats_numbered: bool) -> dict:
+    """`row`, or, if its sample id was seen before, the row _with_duplicates_marked makes of it
+    (`repeats_numbered`: the rows are named by their content)."""
     sample_id = row["sample_id"]
-    if sample_id in seen:
+    if repeats_numbered and sample_id in seen:
+        row = {**row, "sample_id": _repeat_id(sample_id, seen)}
+    elif sample_id in seen:
         reason = _duplicate(sample_id, seen, row["origin"])
         row = {"sample_id": f"{sample_id}#dup{len(seen)}", "source": row["source"], "origin": row["origin"],
                **_rejected(reason)}
@@ -286,7 +300,30 @@ def catalog_row(raw: RawRecord, source: str, text_key: str, validator: MediaVali
             row = _rejected(f"{error} [{raw.origin}]")
         except _RECORD_ERRORS as error:
             row = _rejected(f"{type(error).__name__}: {error} [{raw.origin}]")
-    return {"sample_id": raw.sample_id, "source": source, "origin": raw.origin, **row}
+    row = {"sample_id": raw.sample_id, "source": source, "origin": raw.origin, **row}
+    broken = _not_unicode(row)
+    if broken:
+        # JSON may spell a lone surrogate (\ud800), which Python decodes but no UTF-8 table can hold.
+        row = {"sample_id": _escaped(raw.sample_id), "source": source, "origin": _escaped(raw.origin),
+               **_rejected(f"its {broken} holds a lone surrogate (such as \\ud800), which is not valid Unicode "
+                           f"[{_escaped(raw.origin)}]")}
+    return row
+
+
+def _not_unicode(row: dict) -> str:
+    """The first field of `row` with text UTF-8 cannot encode ("" when there is none)."""
+    for field, value in row.items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    return field
+    return ""
+
+
+def _escaped(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _check_work(raw: RawRecord) -> int:
@@ -356,9 +393,9 @@ def _surveyed_range(lines: LineRange) -> IdSurvey:
     return survey_range(_chunk_worker["config"], lines)
 
 
-def _checked_range(task: tuple[LineRange, int, bool]) -> tuple[list[dict], dict[str, str], int, int]:
-    lines, first_number, use_ids = task
-    return _checked_chunk(list(read_jsonl_range(_chunk_worker["config"], _chunk_worker["scope"], lines, first_number, use_ids)))
+def _checked_range(task: tuple[LineRange, bool]) -> tuple[list[dict], dict[str, str], int, int]:
+    lines, use_ids = task
+    return _checked_chunk(list(read_jsonl_range(_chunk_worker["config"], _chunk_worker["scope"], lines, use_ids)))
 
 
 # A JSON-lines file at least this big is read by the chunk processes themselves, a range of lines
@@ -381,13 +418,11 @@ def is_json_lines(source: SourceConfig) -> bool:
 
 @dataclass
 class JsonlPart:
-    """What of a JSON-lines source is read: from byte `start` (line `first_line`, record number
-    `first_number`) to its end. A catalogue extended by appended lines reads only them, knowing
+    """What of a JSON-lines source is read: from byte `start` (line `first_line`) to its end. A catalogue extended by appended lines reads only them, knowing
     how the records before were named (`before`) and their ids (`seen`, with their origins)."""
 
     start: int = 0
     first_line: int = 1
-    first_number: int = 1
     before: IdSurvey = field(default_factory=IdSurvey)
     seen: SeenIds = field(default_factory=SeenIds)
     # The whole file's, once the part is surveyed: it names the part's records as the ones before.
@@ -422,7 +457,7 @@ def _part_records(source: SourceConfig, part: JsonlPart) -> Iterator[RawRecord]:
     """The raw records of `part`, read here: surveyed first, then read again, as read_jsonl reads a file."""
     lines = part.lines(source)
     part.survey = part.before + survey_range(source, lines, count_all=False)
-    yield from read_jsonl_range(source, SourceScope(source), lines, part.first_number, part.survey.use_ids)
+    yield from read_jsonl_range(source, SourceScope(source), lines, part.survey.use_ids)
 
 
 def _rows_read_in_ranges(source: SourceConfig, part: JsonlPart, range_bytes: int, processes: int,
@@ -436,10 +471,10 @@ def _rows_read_in_ranges(source: SourceConfig, part: JsonlPart, range_bytes: int
     ranges = list(line_ranges(resolved(source.path), range_bytes, part.start, part.first_line))
     surveys = list(ordered_map(_surveyed_range, ranges, processes, _start_surveying, (source,)))
     part.survey = sum(surveys, part.before)
-    first_numbers = itertools.accumulate((survey.records for survey in surveys[:-1]), initial=part.first_number)
-    tasks = zip(ranges, first_numbers, itertools.repeat(part.survey.use_ids))
+    use_ids = part.survey.use_ids
+    tasks = zip(ranges, itertools.repeat(use_ids))
     for rows, used, decoded, remembered in ordered_map(_checked_range, tasks, processes, _start_chunk_worker, settings):
-        yield [_unique_row(row, part.seen) for row in rows], used, decoded, remembered
+        yield [_unique_row(row, part.seen, not use_ids) for row in rows], used, decoded, remembered
 
 
 def iter_catalog_chunks(

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, Future
 from pathlib import Path
 
+from vlm_assets.atomic import naming_a_full_disk
 from vlm_assets.catalog.media import OBJECT_PREFIX, TAR_PREFIX, is_object_ref, is_tar_ref, object_facts, tar_member_path
 from vlm_assets.object_store import URL_SCHEME, head
 
@@ -93,6 +94,11 @@ class MediaCheckLog:
         self._mark_used(ref, stored)
         return True
 
+    def identity(self, ref: str) -> str:
+        """The size and modification time (of an object: its size and ETag) `ref`'s file had when it
+        last passed, or "" when the log holds no pass of it."""
+        return ":".join((self._stored(ref) or "").split(":", 2)[:2])
+
     def holds_any(self) -> bool:
         connection = self._open()
         return connection is not None and bool(connection.execute("SELECT 1 FROM passes LIMIT 1").fetchall())
@@ -163,16 +169,18 @@ class MediaCheckLog:
 
     def adopt(self, used: dict[str, str]) -> None:
         """Take a reader's `take_used()`: its passes are recorded here, and used by this build."""
-        connection = self._open(create=True)
-        connection.executemany(_UPSERT, ((ref, fingerprint, self._build) for ref, fingerprint in used.items()))
-        self._commit_soon()
+        with naming_a_full_disk(self.path):
+            connection = self._open(create=True)
+            connection.executemany(_UPSERT, ((ref, fingerprint, self._build) for ref, fingerprint in used.items()))
+            self._commit_soon()
 
     def compact(self) -> None:
         """Keep only the media of this build (drops rows of removed or changed files)."""
-        connection = self._open()
-        if connection is not None and self.append and not self._kept_all:
-            connection.execute("DELETE FROM passes WHERE build != ?", (self._build,))
-        self.close()
+        with naming_a_full_disk(self.path):
+            connection = self._open()
+            if connection is not None and self.append and not self._kept_all:
+                connection.execute("DELETE FROM passes WHERE build != ?", (self._build,))
+            self.close()
 
     def close(self) -> None:
         if self._connection is not None:
@@ -193,8 +201,9 @@ class MediaCheckLog:
         if not self.append:
             self._used[ref] = fingerprint
             return
-        self._open(create=True).execute(_UPSERT, (ref, fingerprint, self._build))
-        self._commit_soon()
+        with naming_a_full_disk(self.path):
+            self._open(create=True).execute(_UPSERT, (ref, fingerprint, self._build))
+            self._commit_soon()
 
     def _open(self, create: bool = False) -> sqlite3.Connection | None:
         """The connection, opened on first use; None for a log with no file yet, unless `create`
@@ -223,7 +232,8 @@ class MediaCheckLog:
 
     def _commit(self) -> None:
         if self._connection is not None and self._connection.in_transaction:
-            self._connection.commit()
+            with naming_a_full_disk(self.path):
+                self._connection.commit()
         self._committed_at = time.monotonic()
 
 

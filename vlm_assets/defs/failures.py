@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
+from pathlib import Path
+
+import dagster as dg
+
+from vlm_assets.catalog.schema import STATUS_OK
+from vlm_assets.parquet_batches import parquet_batches
 
 ERRNO_MESSAGE = re.compile(r"\[Errno \d+\] (?P<reason>[^:']+): '(?P<path>[^']*)'")
 
@@ -20,3 +27,39 @@ def root_cause(error) -> str:
     first = message.splitlines()[0] if message else error.cls_name
     first = re.sub(r"^[\w.]+(Error|Exception|Failure): ", "", first)
     return first if error.cls_name in {"Failure", "ConfigError"} else f"{first} ({error.cls_name})"
+
+
+# Reasons named in the one line of a step that left a source without samples.
+NAMED_REASONS = 3
+REASON_BATCH_ROWS = 65536
+
+
+def reasons_in(table: Path, status_column: str | None = "status", ok_status: str = STATUS_OK) -> Counter[str]:
+    """The `reason` column's values of a catalogue, lengths or rejects table, rows not `ok` only
+    (every row when there is no status column)."""
+    columns = ["reason"] + ([status_column] if status_column else [])
+    reasons: Counter[str] = Counter()
+    for batch in parquet_batches(table, columns, REASON_BATCH_ROWS):
+        values = batch.column(0).to_pylist()
+        statuses = batch.column(1).to_pylist() if status_column else [None] * len(values)
+        reasons.update(reason for reason, status in zip(values, statuses) if status != ok_status)
+    return reasons
+
+
+def nothing_left(source: str, step: str, reasons: Counter[str], reasons_md: str) -> dg.Failure:
+    """The failure of the step after which a source has no sample left: here, not at a later step
+    that would find nothing to write. Its commonest reasons in the line, all of them in the metadata."""
+    total = sum(reasons.values())
+    # Reasons that differ only in their numbers (each sample's own length) count as one, shown by an example.
+    grouped: Counter[str] = Counter()
+    example: dict[str, str] = {}
+    for reason, count in reasons.items():
+        shape = re.sub(r"\d+", "N", reason)
+        grouped[shape] += count
+        example.setdefault(shape, reason)
+    named = "; ".join(f"{count} × {example[shape]}" + (" (and the like)" if count > reasons[example[shape]] else "")
+                      for shape, count in grouped.most_common(NAMED_REASONS)) or "no records"
+    return dg.Failure(
+        description=f"{source}: no sample left after {step} ({total} rejected): {named}",
+        metadata={"rejected": total, "rejects_by_reason": dg.MetadataValue.md(reasons_md)},
+    )

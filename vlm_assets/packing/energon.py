@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from vlm_assets.atomic import atomic_write_text
+from vlm_assets.atomic import atomic_write_text, naming_a_full_disk
 from vlm_assets.locks import local_writer_gone, parse_writer_tag, writer_tag
 from vlm_assets.packing.wds import ShardStamp
 
@@ -132,30 +132,32 @@ def prepare_energon_dataset(
     _remove_stale_staging(root)
     staging = _make_staging(root)
     try:
-        _link_shards(root, staging, relative[keep:])
-        BaseWebdatasetFactory.prepare_dataset(
-            staging,
-            relative[keep:],
-            split_parts_ratio=[(SPLIT, 1.0), ("val", 0.0), ("test", 0.0)],
-            shuffle_seed=None,
-            workers=workers or max(1, min(len(relative) - keep, os.cpu_count() or 1)),
-        )
-        meta_dir = staging / MAIN_FOLDER_NAME
-        if keep:
-            _add_kept_entries(root / MAIN_FOLDER_NAME, meta_dir, relative, keep)
-        else:
-            staged_index = meta_dir / INDEX_SQLITE_FILENAME
-            _write_canonical_index(staged_index, [_IndexRows(staged_index, 0, in_order=False)])
-        dataset_yaml = {
-            "__module__": "megatron.energon",
-            "__class__": DATASET_CLASS,
-            "subflavors": dict(subflavors),
-        }
-        (meta_dir / DATASET_YAML).write_text(yaml.safe_dump(dataset_yaml, sort_keys=False), encoding="utf-8")
-        index_uuid = str(_content_uuid(root, meta_dir, relative))
-        (meta_dir / INDEX_UUID_FILENAME).write_text(index_uuid, encoding="ascii")
-        counts = json.loads((meta_dir / INFO_JSON_FILENAME).read_text())["shard_counts"]
-        _publish(root, staging, relative[keep:])
+        # Energon's index is SQLite, whose full disk names no file.
+        with naming_a_full_disk(staging):
+            _link_shards(root, staging, relative[keep:])
+            BaseWebdatasetFactory.prepare_dataset(
+                staging,
+                relative[keep:],
+                split_parts_ratio=[(SPLIT, 1.0), ("val", 0.0), ("test", 0.0)],
+                shuffle_seed=None,
+                workers=workers or max(1, min(len(relative) - keep, os.cpu_count() or 1)),
+            )
+            meta_dir = staging / MAIN_FOLDER_NAME
+            if keep:
+                _add_kept_entries(root / MAIN_FOLDER_NAME, meta_dir, relative, keep)
+            else:
+                staged_index = meta_dir / INDEX_SQLITE_FILENAME
+                _write_canonical_index(staged_index, [_IndexRows(staged_index, 0, in_order=False)])
+            dataset_yaml = {
+                "__module__": "megatron.energon",
+                "__class__": DATASET_CLASS,
+                "subflavors": dict(subflavors),
+            }
+            (meta_dir / DATASET_YAML).write_text(yaml.safe_dump(dataset_yaml, sort_keys=False), encoding="utf-8")
+            index_uuid = str(_content_uuid(root, meta_dir, relative))
+            (meta_dir / INDEX_UUID_FILENAME).write_text(index_uuid, encoding="ascii")
+            counts = json.loads((meta_dir / INFO_JSON_FILENAME).read_text())["shard_counts"]
+            _publish(root, staging, relative[keep:])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     kept_samples = sum(counts[name] for name in relative[:keep])

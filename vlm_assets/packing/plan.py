@@ -24,19 +24,26 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
+from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.packing.binpack import Bins, best_fit_decreasing
-from vlm_assets.packing.sample_ids import IdIndex
+from vlm_assets.packing.sample_ids import IdIndex, id_hashes
 from vlm_assets.parquet_batches import parquet_batches
 
 BIN_SCHEMA = pa.schema([("bin_id", pa.int64()), ("sample_ids", pa.list_(pa.string())),
-                        ("lengths", pa.list_(pa.int64())), ("total_len", pa.int64())])
+                        ("lengths", pa.list_(pa.int64())), ("total_len", pa.int64()),
+                        ("content_hashes", pa.list_(pa.uint64()))])
+# What a sample's packed record and shard sample are made of (besides its id and length): with its
+# media's stamps, hashed into `content_hashes`, so that an append finds a kept sample changed.
+CONTENT_COLUMNS = ("messages", "media_files", "media_kinds", "media_refs", "media_keys")
+_FIELD_SEPARATOR, _ITEM_SEPARATOR = "\x1e", "\x1f"
 REJECT_SCHEMA = pa.schema([("sample_id", pa.string()), ("reason", pa.string()), ("category", pa.string())])
 LENGTHS_READ = pa.schema([("sample_id", pa.string()), ("status", pa.string()), ("reason", pa.string()),
                           ("token_len", pa.int64())])
 BATCH_ROWS = 8192
 BINS_PER_ROW_GROUP = 8192
 RELEASE_EVERY_BATCHES = 16
+NAMED_CHANGES = 10  # kept samples named when their content changed
 
 # Which catalogue media_type each sample_type accepts (never "mixed": a pack holds one media type).
 ALLOWED_MEDIA_TYPES = {
@@ -74,13 +81,15 @@ def pack_source(
     max_token_len: int,
     *,
     keep_written_bins: bool = False,
+    media_checks: Path | None = None,
 ) -> PackingOutcome:
     """Write the bins of the packable samples to `bins_target`, a reject (with its reason) for every
     other catalogue row to `rejects_target` (in catalogue order); both atomically, or neither.
 
     With `keep_written_bins` (packing.mode append), the bins already at `bins_target` stay as they
     are, first; only the packable samples not in them are packed, into new bins numbered after them.
-    A kept sample that is no longer packable with the same length, or a kept bin over
+    A kept sample that is no longer packable with the same length or whose content changed (its
+    catalogue row, or the stamp of a medium in the catalogue's `media_checks` log), or a kept bin over
     `max_token_len`, is a PackingInputError: bins already written cannot change.
     """
     if sample_type not in ALLOWED_MEDIA_TYPES:
@@ -88,9 +97,11 @@ def pack_source(
     kept = KeptBins.read(bins_target, max_token_len) if keep_written_bins and bins_target.exists() else None
     judge = _Judge(catalog, lengths, sample_type, max_token_len, kept)
     with contextlib.ExitStack() as outputs:
+        log = outputs.enter_context(contextlib.closing(MediaCheckLog(media_checks, append=False))) \
+            if media_checks is not None else None
         rejects_writer = pq.ParquetWriter(outputs.enter_context(atomic_path(rejects_target)), REJECT_SCHEMA)
         with rejects_writer:
-            ids, token_lens, media_types = judge.packable(rejects_writer)
+            ids, token_lens, media_types, hashes = judge.packable(rejects_writer, log)
         if kept is not None:
             kept.raise_problems()
         kept_bins = len(kept.bin_totals) if kept else 0
@@ -101,7 +112,8 @@ def pack_source(
             for media_type in sorted(set(media_types.tolist())):
                 chosen = media_types == media_type
                 bins = best_fit_decreasing(token_lens[chosen], max_token_len)
-                _write_bins(bins_writer, ids.filter(pa.array(chosen)), token_lens[chosen], bins, next_bin_id)
+                _write_bins(bins_writer, ids.filter(pa.array(chosen)), token_lens[chosen], hashes[chosen], bins,
+                            next_bin_id)
                 next_bin_id += len(bins)
     return PackingOutcome(next_bin_id, kept_bins, len(token_lens) + (len(kept.index) if kept else 0), judge.rejected)
 
@@ -115,16 +127,18 @@ class _Judge:
         self.allowed = ALLOWED_MEDIA_TYPES[sample_type]
         self.rejected = 0
 
-    def packable(self, rejects_writer: pq.ParquetWriter) -> tuple[pa.Array, np.ndarray, np.ndarray]:
-        """Ids, lengths and media types of the packable samples (not in kept bins), in catalogue order;
-        rejects written."""
+    def packable(self, rejects_writer: pq.ParquetWriter,
+                 media_checks: MediaCheckLog | None) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray]:
+        """Ids, lengths, media types and content hashes of the packable samples (not in kept bins), in
+        catalogue order; rejects written."""
         ids: list[pa.Array] = []
         token_lens: list[np.ndarray] = []
         media_types: list[np.ndarray] = []
+        hashes: list[np.ndarray] = []
         length_rows = _LengthRowsInStep(self.lengths, self.catalog)
         allowed = pa.array(sorted(self.allowed))
-        for number, batch in enumerate(parquet_batches(self.catalog, ["sample_id", "status", "reason", "media_type"],
-                                                       BATCH_ROWS)):
+        for number, batch in enumerate(parquet_batches(self.catalog, ["sample_id", "status", "reason", "media_type",
+                                                                      *CONTENT_COLUMNS], BATCH_ROWS)):
             if number % RELEASE_EVERY_BATCHES == 0:
                 # Arrow's allocator (mimalloc) keeps the pages each batch freed until told to return them.
                 pa.default_memory_pool().release_unused()
@@ -141,22 +155,26 @@ class _Judge:
             chosen = pa.array(accepted)
             batch_ids, batch_lens = sample_ids.filter(chosen), token_len[accepted]
             batch_media = np.asarray(batch.column(3).filter(chosen).to_pylist(), dtype=object)
+            batch_hashes = content_hashes(batch.filter(chosen), media_checks)
             if self.kept is not None:
-                new = self.kept.take_new(batch_ids, batch_lens)
+                new = self.kept.take_new(batch_ids, batch_lens, batch_hashes)
                 batch_ids, batch_lens, batch_media = batch_ids.filter(pa.array(new)), batch_lens[new], batch_media[new]
+                batch_hashes = batch_hashes[new]
             ids.append(batch_ids)
             token_lens.append(batch_lens.astype(np.int32))
             media_types.append(batch_media)
+            hashes.append(batch_hashes)
         length_rows.finish()
         return (pa.concat_arrays(ids) if ids else pa.array([], type=pa.string()),
                 np.concatenate(token_lens) if token_lens else np.zeros(0, dtype=np.int32),
-                np.concatenate(media_types) if media_types else np.zeros(0, dtype=object))
+                np.concatenate(media_types) if media_types else np.zeros(0, dtype=object),
+                np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64))
 
     def _rejects(self, batch: pa.RecordBatch, found: pa.Table, rejected: np.ndarray) -> list[dict]:
         if not rejected.any():
             return []
         chosen = pa.array(rejected)
-        rows = zip(*(column.filter(chosen).to_pylist() for column in (*batch.columns, *found.columns)))
+        rows = zip(*(column.filter(chosen).to_pylist() for column in (*batch.columns[:4], *found.columns)))
         rejects = []
         for sample_id, status, reason, media_type, _, length_status, length_reason, token_len in rows:
             reason, category = self._verdict(status, reason, media_type, length_status, length_reason, token_len)
@@ -184,6 +202,22 @@ class _Judge:
 def _true(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A boolean mask as numpy, null as False."""
     return pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
+
+
+def content_hashes(batch: pa.RecordBatch, media_checks: MediaCheckLog | None) -> np.ndarray:
+    """A 64-bit hash of each catalogue row's CONTENT_COLUMNS and of its media's stamps as the
+    catalogue's check log holds them (size and modification time or ETag: the bytes are not read
+    again; "" without a log). A kept sample whose hash changed would have another record or shard sample."""
+    refs = batch.column("media_refs").to_pylist()
+    stamps = [_ITEM_SEPARATOR.join(media_checks.identity(ref) for ref in row) if media_checks is not None and row
+              else "" for row in refs]
+    fields = [batch.column("messages"),
+              *(pc.binary_join(batch.column(name).cast(pa.list_(pa.string())), _ITEM_SEPARATOR)
+                for name in CONTENT_COLUMNS[1:]),
+              pa.array(stamps, type=pa.string())]
+    joined = pc.binary_join_element_wise(*(pc.fill_null(field.cast(pa.large_string()), "") for field in fields),
+                                         pa.scalar(_FIELD_SEPARATOR, pa.large_string()))
+    return id_hashes(joined)
 
 
 class _LengthRowsInStep:
@@ -240,29 +274,39 @@ class _LengthRowsInStep:
 class KeptBins:
     """packing.mode append: the bins written before, which stay as they are."""
 
-    def __init__(self, path: Path, index: IdIndex, lengths: np.ndarray, bin_totals: np.ndarray, max_token_len: int):
-        self.path, self.index, self.lengths = path, index, lengths
+    def __init__(self, path: Path, index: IdIndex, lengths: np.ndarray, hashes: np.ndarray, bin_totals: np.ndarray,
+                 max_token_len: int):
+        self.path, self.index, self.lengths, self.hashes = path, index, lengths, hashes
         self.bin_totals, self.max_token_len = bin_totals, max_token_len
         self.seen = np.zeros(len(index), dtype=bool)
         self.problem_count = 0
         self.first_problem: str | None = None
+        self.changed: list[str] = []  # the first kept samples found with another content
 
     @classmethod
     def read(cls, path: Path, max_token_len: int) -> KeptBins:
-        ids, lengths, totals = [], [], []
-        for batch in parquet_batches(path, ["sample_ids", "lengths", "total_len"], BATCH_ROWS):
+        if "content_hashes" not in pq.read_schema(path).names:
+            raise PackingInputError(
+                f"{path}: packing.mode append keeps these bins, but they were written by an earlier version that "
+                "recorded no content hashes of their samples, so a change to a kept sample could not be found; "
+                "set packing.mode: full once to pack every sample afresh")
+        ids, lengths, hashes, totals = [], [], [], []
+        for batch in parquet_batches(path, ["sample_ids", "lengths", "content_hashes", "total_len"], BATCH_ROWS):
             ids.append(pc.list_flatten(batch.column(0)))
             lengths.append(pc.list_flatten(batch.column(1)).to_numpy().astype(np.int32))
-            totals.append(batch.column(2).to_numpy())
+            hashes.append(pc.list_flatten(batch.column(2)).to_numpy())
+            totals.append(batch.column(3).to_numpy())
         return cls(path, IdIndex.of(ids), np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int32),
+                   np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64),
                    np.concatenate(totals) if totals else np.zeros(0, dtype=np.int64), max_token_len)
 
     def _problem(self, text: str, count: int = 1) -> None:
         self.problem_count += count
         self.first_problem = self.first_problem or text
 
-    def take_new(self, ids: pa.Array, token_lens: np.ndarray) -> np.ndarray:
-        """Which of these packable samples are new (in no kept bin); a kept one must keep its length."""
+    def take_new(self, ids: pa.Array, token_lens: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+        """Which of these packable samples are new (in no kept bin); a kept one must keep its length
+        and its content hash."""
         positions = self.index.positions(ids)
         held = positions >= 0
         self.seen[positions[held]] = True
@@ -271,6 +315,11 @@ class KeptBins:
             row = int(changed[0])
             self._problem(f"{ids[row].as_py()}: its length is now {int(token_lens[row])}, "
                           f"was {int(self.lengths[positions[row]])}", changed.size)
+        rewritten = np.flatnonzero(held & (self.hashes[np.maximum(positions, 0)] != hashes))
+        if rewritten.size:
+            self.changed.extend(ids.take(pa.array(rewritten[:NAMED_CHANGES - len(self.changed)])).to_pylist())
+            self._problem(f"{ids[int(rewritten[0])].as_py()}: its text or media changed since its bin was written",
+                          rewritten.size)
         return ~held
 
     def take_rejected(self, ids: pa.Array, reasons: list[str]) -> None:
@@ -291,16 +340,19 @@ class KeptBins:
             self.problem_count += over.size
             self.first_problem = f"a bin of {int(self.bin_totals[over[0]])} tokens is over max_token_len {self.max_token_len}"
         if self.problem_count:
+            changed = f"; samples whose text or media changed: {', '.join(self.changed)}" if self.changed else ""
             raise PackingInputError(
                 f"packing.mode append keeps the bins written before, but {self.problem_count} of their samples or "
-                f"bins no longer hold (first: {self.first_problem}); set packing.mode: full to pack every sample afresh")
+                f"bins no longer hold (first: {self.first_problem}{changed}); their records and shards cannot "
+                "change, so set packing.mode: full to pack every sample afresh")
 
     def copy_to(self, writer: pq.ParquetWriter) -> None:
         for batch in parquet_batches(self.path, BIN_SCHEMA.names, BINS_PER_ROW_GROUP):
             writer.write_batch(batch.cast(BIN_SCHEMA))
 
 
-def _write_bins(writer: pq.ParquetWriter, ids: pa.Array, token_lens: np.ndarray, bins: Bins, first_bin_id: int) -> None:
+def _write_bins(writer: pq.ParquetWriter, ids: pa.Array, token_lens: np.ndarray, hashes: np.ndarray, bins: Bins,
+                first_bin_id: int) -> None:
     for first in range(0, len(bins), BINS_PER_ROW_GROUP):
         last = min(first + BINS_PER_ROW_GROUP, len(bins))
         low, high = bins.starts[first], bins.starts[last]
@@ -312,6 +364,7 @@ def _write_bins(writer: pq.ParquetWriter, ids: pa.Array, token_lens: np.ndarray,
             pa.ListArray.from_arrays(offsets, ids.take(pa.array(items))),
             pa.ListArray.from_arrays(offsets, pa.array(lengths, type=pa.int64())),
             pa.array(np.add.reduceat(lengths, bins.starts[first:last] - low), type=pa.int64()),
+            pa.ListArray.from_arrays(offsets, pa.array(hashes[items], type=pa.uint64())),
         ], schema=BIN_SCHEMA))
 
 

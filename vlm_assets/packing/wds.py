@@ -150,12 +150,17 @@ def write_shards_from_jsonl(
 
 def kept_shards(directory: Path, sample_count: Callable[[Path], int] | None = None) -> KeptShards:
     """The shards in `directory` to append after, with the records they hold (`sample_count` of each
-    shard, by default read from its tar headers). They must be numbered 0, 1, … without a gap."""
+    shard, by default read from its tar headers): those numbered 0, 1, … up to the first gap.
+
+    Shards are renamed into place only once whole, so each one there is complete; but they are written
+    side by side, and an append cut short (a full disk, a kill) may leave one finished after another
+    that is not. The shards before the gap are kept (the append resumes after them; the member check
+    reads those it has not passed), and those after it are written again (`write_shards_from_jsonl`
+    replaces or removes them).
+    """
     shards = list_shards(directory)
-    expected = [directory / shard_name(index) for index in range(len(shards))]
-    if shards != expected:
-        raise ValueError(f"{directory}: its shards are not numbered from 0 without a gap; appending after them "
-                         "could not keep the records in order (set packing.mode: full to rewrite them)")
+    gap = next((index for index, path in enumerate(shards) if path.name != shard_name(index)), len(shards))
+    shards = shards[:gap]
     count = sample_count or shard_sample_count
     return KeptShards(shards, sum(count(path) for path in shards))
 

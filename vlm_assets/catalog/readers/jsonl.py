@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +15,8 @@ from vlm_assets.config import SourceConfig
 from vlm_assets.object_store import Location, open_location, read_location, resolved
 
 _Entry = tuple[str, str, Any, str]  # (origin, locator, record, reason it is unreadable or "")
+# 64 bits: two different records sharing a digest are still told apart, as repeats.
+CONTENT_ID_HEX = 16
 
 
 def read_jsonl(source: SourceConfig, scope: SourceScope, limits: RecordLimits) -> Iterator[RawRecord]:
@@ -28,14 +32,14 @@ def read_jsonl(source: SourceConfig, scope: SourceScope, limits: RecordLimits) -
         # memory than one line.
         id_pass, entries = _jsonl_entries(path, limits), _jsonl_entries(path, limits)
     survey = IdSurvey.of((entry[2] for entry in id_pass), count_all=False)
-    yield from _raw_records(source, resolver, entries, 1, survey.use_ids)
+    yield from _raw_records(source, resolver, entries, survey.use_ids)
 
 
 @dataclass(frozen=True)
 class IdSurvey:
     """Whether records are named by their ids: when every object record has a usable one (a repeated
     id is then a rejected duplicate, see build.py; never renumbered). Records that are not objects
-    are named by where they are; without ids, every record by its number among the records."""
+    are named by where they are; without ids, every object by its content (`content_id`)."""
 
     records: int = 0
     has_objects: bool = False
@@ -63,11 +67,23 @@ class IdSurvey:
         return self.has_objects and self.all_have_ids
 
 
-def _raw_records(source: SourceConfig, resolver: MediaResolver, entries: Iterable[_Entry], first_number: int,
+def _raw_records(source: SourceConfig, resolver: MediaResolver, entries: Iterable[_Entry],
                  use_ids: bool) -> Iterator[RawRecord]:
-    for number, (origin, locator, record, error) in enumerate(entries, start=first_number):
-        local_id = (record["id"] if isinstance(record, dict) else locator) if use_ids else number
-        yield RawRecord(f"{source.name}/{local_id}", origin, record, resolver, error)
+    for origin, locator, record, error in entries:
+        if not isinstance(record, dict):
+            yield RawRecord(f"{source.name}/{locator}", origin, record, resolver, error)
+        elif use_ids:
+            yield RawRecord(f"{source.name}/{record['id']}", origin, record, resolver, error)
+        else:
+            yield RawRecord(f"{source.name}/{content_id(record)}", origin, record, resolver, error, repeats_numbered=True)
+
+
+def content_id(record: dict) -> str:
+    """The local id of a record without one: a digest of its content, so that a line inserted or
+    removed elsewhere leaves it (a line number would shift). Identical records share it: the build
+    numbers the repeats (see build.py)."""
+    canonical = json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:CONTENT_ID_HEX]
 
 
 @dataclass(frozen=True)
@@ -116,14 +132,12 @@ def entries_at_lines(source: SourceConfig, lines: LineRange, wanted: set[int]) -
     yield from _jsonl_entries(resolved(source.path), RecordLimits.of(source), lines, wanted)
 
 
-def read_jsonl_range(source: SourceConfig, scope: SourceScope, lines: LineRange, first_number: int,
-                     use_ids: bool) -> Iterator[RawRecord]:
-    """The raw records of `lines` of a JSON-lines source, as read_jsonl names them: `first_number` is
-    the number of the range's first record among the file's records, `use_ids` the whole file's
-    IdSurvey.use_ids."""
+def read_jsonl_range(source: SourceConfig, scope: SourceScope, lines: LineRange, use_ids: bool) -> Iterator[RawRecord]:
+    """The raw records of `lines` of a JSON-lines source, as read_jsonl names them: `use_ids` is the
+    whole file's IdSurvey.use_ids."""
     path = resolved(source.path)
     resolver = resolver_for(source.name, scope)
-    yield from _raw_records(source, resolver, _jsonl_entries(path, RecordLimits.of(source), lines), first_number, use_ids)
+    yield from _raw_records(source, resolver, _jsonl_entries(path, RecordLimits.of(source), lines), use_ids)
 
 
 def _usable_id(value: Any) -> bool:

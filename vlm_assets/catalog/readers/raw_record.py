@@ -15,3 +15,5 @@ class RawRecord:
     record: Any
     resolver: MediaResolver
     error: str = ""
+    # Named by its content (a JSON-lines record without an id): a repeat is numbered, not rejected.
+    repeats_numbered: bool = False

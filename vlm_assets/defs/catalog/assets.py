@@ -23,6 +23,7 @@ from vlm_assets.defs.catalog.source_files import (
     observed_source_files,
     source_files_observation,
 )
+from vlm_assets.defs.failures import nothing_left, reasons_in
 from vlm_assets.defs.resources import (
     CHUNK_INDEX_PARTITIONS,
     HEAVY_POOL,
@@ -109,6 +110,8 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         f"{source.name}: {summary.ok} ok, {summary.rejected} rejected -> {path} "
         f"({validator.decoded} media decoded, {validator.remembered} unchanged since their last check)"
     )
+    if not summary.ok:
+        raise nothing_left(source.name, "its catalogue", summary.reject_reasons, reason_table_md(summary.reject_reasons))
     return dg.MaterializeResult(**versioned({
         "path": dg.MetadataValue.path(str(path)),
         "samples": summary.samples,
@@ -261,6 +264,9 @@ def sample_lengths(
     profile = summary.profile
     assert profile is not None, "a source's whole table loads its processor"
     lengths = summary.ok_token_lens
+    if not len(lengths):
+        reasons = reasons_in(path)
+        raise nothing_left(source.name, "token lengths", reasons, reason_table_md(reasons))
     return dg.MaterializeResult(**versioned({
         "path": dg.MetadataValue.path(str(path)),
         "samples": summary.samples,

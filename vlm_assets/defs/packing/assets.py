@@ -11,6 +11,7 @@ from vlm_assets.atomic import atomic_open, write_parquet
 from vlm_assets.catalog.lookup import SampleLookup
 from vlm_assets.catalog.media_copies import MediaCopies
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
+from vlm_assets.defs.failures import nothing_left, reasons_in
 from vlm_assets.defs.packing import checks
 from vlm_assets.defs.resources import (
     HEAVY_POOL,
@@ -66,7 +67,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         append = app.packing.mode == "append"  # the bins written before stay; only samples not in them are packed
         outcome = pack_source(catalog_path, lengths_path, bins_path, rejects_path,
                               app.sample_type_of(vlm_config.source(source)), app.sample.max_token_len,
-                              keep_written_bins=append)
+                              keep_written_bins=append, media_checks=layout.media_checks(source))
         context.log.info(
             f"{source}: {plural(outcome.packed, 'sample')} into {plural(outcome.bins, 'bin')}"
             + (f" ({outcome.bins_kept} kept, {outcome.bins - outcome.bins_kept} new)" if append else "")
@@ -74,6 +75,9 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         )
         # Metadata and checks judge what landed on disk, not what we meant to write.
         bins, rejected = BinsOnDisk.read(bins_path), reject_categories(rejects_path)
+        if not bins.packed:
+            reasons = reasons_in(rejects_path, status_column=None)
+            raise nothing_left(source, "packing", reasons, reject_counts_md(0, rejected))
         published = vlm_config.publish(context, "packing_bins")
     max_token_len = app.sample.max_token_len
     yield dg.MaterializeResult(**versioned({
