@@ -3,6 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export DAGSTER_HOME="${DAGSTER_HOME:-$PWD/.dagster_home}"
 .venv/bin/vlm-assets demo demo
 .venv/bin/vlm-assets run --config demo/vlm_assets.yaml "$@"

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -13,9 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from vlm_assets.asset_registry import ASSET_NAMES
+from vlm_assets.arguments import whole_number
+from vlm_assets.asset_registry import ASSET_NAMES, selected_asset
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig, ConfigError, load_config
-from vlm_assets.orchestration.home import ensure_dagster_home
+from vlm_assets.orchestration.home import default_home, ensure_dagster_home, project_dir, remember_for_dagster_dev
 from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable
 from vlm_assets.orchestration.workers import default_workers, start_workers
 from vlm_assets.parallel import exit_without_teardown
@@ -36,19 +38,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     app = load_config(args.config)
+    # Before the instance, the workers and their log: a misspelt asset is a usage error that leaves nothing behind.
+    select = _selected(args)
     if not app.sources:
         raise ConfigError(f"{app.path}: sources: `vlm-assets run` builds the configured sources and there are none; "
                           "add a `sources:` list (inbox entries are built by the inbox sensor under `dagster dev`)")
     # The code location reads the same file, so the UI and this run agree on settings.
     os.environ[CONFIG_ENV_VAR] = str(app.path)
-    home = ensure_dagster_home(Path(args.dagster_home) if args.dagster_home else app.path.parent / ".dagster_home")
+    home = ensure_dagster_home(Path(args.dagster_home) if args.dagster_home else default_home(app.path))
     dagster = Path(sys.executable).parent / "dagster"  # the venv's, which a fresh shell has no PATH to
-    print(f"Dagster instance: {home}  (see the runs with: DAGSTER_HOME={home} VLM_ASSETS_CONFIG={app.path} "
-          f"{dagster} dev)", flush=True)
+    if remember_for_dagster_dev(home, app.path):
+        print(f"Dagster instance: {home}  (see the runs with: cd {project_dir(app.path)} && {dagster} dev)", flush=True)
+    else:
+        print(f"Dagster instance: {home}  (see the runs with: DAGSTER_HOME={home} VLM_ASSETS_CONFIG={app.path} "
+              f"{dagster} dev)", flush=True)
     # Before the workers start: each would wait out Dagster's connection retries on its own.
     require_reachable(home)
     if args.plan:
-        return _plan(args, app, home)
+        return _plan(app, home, select)
     workers = args.workers or default_workers()
     started = time.monotonic()
     # The steps in flight write their progress there (vlm_assets.progress), for the bars.
@@ -67,7 +74,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from vlm_assets.orchestration.task import IN_WORKER_PROCESS
 
         defs = build_definitions(str(app.path))
-        select = _selected(args)
         with open_instance(home) as instance:
             summary = run_graph(defs, app, instance, select, echo=_echo, workers=workers, force=args.force,
                                 log_dir=home / "logs", submission=CELERY if args.executor == "celery" else IN_WORKER_PROCESS,
@@ -95,14 +101,14 @@ def _removed_after(directory: Path) -> Iterator[None]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _plan(args: argparse.Namespace, app: AppConfig, home: Path) -> int:
+def _plan(app: AppConfig, home: Path, select: list[str] | None) -> int:
     from vlm_assets.definitions import build_definitions
     from vlm_assets.orchestration.instance import open_instance
     from vlm_assets.orchestration.scheduler import plan_graph
 
     defs = build_definitions(str(app.path))
     with open_instance(home) as instance:
-        states = plan_graph(defs, app, instance, _selected(args), echo=_echo)
+        states = plan_graph(defs, app, instance, select, echo=_echo)
     building = [name for name, state in states.items() if state.value != "up to date"]
     print(f"{len(building)} of {len(states)} asset partition(s) to build first; what reads them follows "
           "if their fingerprints change")
@@ -110,14 +116,10 @@ def _plan(args: argparse.Namespace, app: AppConfig, home: Path) -> int:
 
 
 def _selected(args: argparse.Namespace) -> list[str] | None:
-    return [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    items = [name.strip() for name in args.select.split(",") if name.strip()] if args.select else None
+    for item in items or ():
+        selected_asset(item)
+    return items
 
 
 def _echo(line: str) -> None:
@@ -141,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--select", help="comma-separated asset keys, or `asset[partition]` for one partition "
                      "(e.g. 'sample_lengths[my_source]'); what they read runs too, for the same partition where it is "
                      "partitioned alike")
-    run.add_argument("--dagster-home", help="instance directory (default $DAGSTER_HOME, else .dagster_home beside the config)")
-    run.add_argument("--workers", type=_positive_int, default=None,
+    run.add_argument("--dagster-home", help="instance directory (default $DAGSTER_HOME, else the one named in the project .env, else .dagster_home in the project directory: the nearest one at or above the config holding workspace.yaml)")
+    run.add_argument("--workers", type=whole_number(minimum=1), default=None,
                      help="runs at a time, each in its own worker process, at least 1 (default: the number of cores)")
     run.add_argument("--force", action="store_true",
                      help="rebuild every selected asset, even those whose inputs and settings are unchanged")
@@ -170,7 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        # Output that fits the buffer reaches a reader who left (`| head -1`) only here.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except InstanceUnreachable as error:
         return _failed(error, f"error: {error}", EXIT_INSTANCE_UNREACHABLE)
     except ConfigError as error:
@@ -188,6 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         if outage is None:
             raise
         return _failed(error, f"error: {outage}", EXIT_INSTANCE_UNREACHABLE)
+
+
+def _reader_gone() -> int:
+    """Whoever read stdout stopped early: end quietly with the status of a tool SIGPIPE ended."""
+    # Unflushed output would raise again on the way out.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _failed(error: BaseException, line: str, code: int) -> int:

@@ -24,6 +24,7 @@ from typing import Any, BinaryIO
 URL_SCHEME = "s3://"
 # Ranged reads of a big object (a JSON-lines manifest) are buffered this much per request.
 READ_BUFFER = 8 << 20
+NO_SUCH_BUCKET = "NoSuchBucket"  # the store's error code for a bucket that does not exist
 
 REQUESTS: Counter[str] = Counter()  # request kind -> requests made by this process
 
@@ -132,16 +133,25 @@ def _head(url: ObjectURL) -> ObjectInfo | None:
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None
-        raise OSError(f"{url}: {error}") from error
+        raise _refused(url, "look it up", error) from error
     return ObjectInfo(url, reply["ContentLength"], reply["ETag"].strip('"'),
                       int(reply["LastModified"].timestamp() * 1e9))
 
 
 def list_objects(prefix: ObjectURL) -> Iterator[ObjectInfo]:
     """Every object below `prefix` (a folder: `prefix/…`), in key order, one page (1,000 keys) at a time."""
+    from botocore.exceptions import ClientError
+
     paginator = client().get_paginator("list_objects_v2")
     folder = f"{prefix.key}/" if prefix.key else ""
-    for page in paginator.paginate(Bucket=prefix.bucket, Prefix=folder):
+    pages = iter(paginator.paginate(Bucket=prefix.bucket, Prefix=folder))
+    while True:
+        try:
+            page = next(pages, None)
+        except ClientError as error:
+            raise _refused(prefix, "list it", error) from error
+        if page is None:
+            return
         REQUESTS["list"] += 1
         for item in page.get("Contents", []):
             yield ObjectInfo(ObjectURL(prefix.bucket, item["Key"]), item["Size"], item["ETag"].strip('"'),
@@ -169,7 +179,7 @@ def _get(url: ObjectURL, if_match: str, **request: str) -> bytes:
     if reply.status == 412:
         raise OSError(f"{url} changed after it was catalogued (its ETag is no longer {if_match}): run the catalogue again")
     if reply.status not in (200, 206):
-        raise OSError(f"{url}: cannot read {what}: {_refusal(reply)}")
+        raise OSError(f"{url}: cannot read {what}: {_refusal(url, reply)}")
     return reply.data
 
 
@@ -179,13 +189,13 @@ def read_start(url: ObjectURL, size: int) -> tuple[ObjectInfo, bytes] | None:
     REQUESTS["get"] += 1
     what = f"bytes 0-{size - 1}"
     reply = _signed_get(url, {"Range": f"bytes=0-{size - 1}"}, what)
-    if reply.status == 404 and _error_field(reply, "Code") != "NoSuchBucket":
+    if reply.status == 404 and _error_field(reply, "Code") != NO_SUCH_BUCKET:
         return None
     if reply.status == 416:  # an empty object has no byte 0
         info = head(url)
         return None if info is None else (info, b"")
     if reply.status not in (200, 206):
-        raise OSError(f"{url}: cannot read {what}: {_refusal(reply)}")
+        raise OSError(f"{url}: cannot read {what}: {_refusal(url, reply)}")
     data = reply.data
     content_range = reply.headers.get("Content-Range")
     total = int(content_range.rpartition("/")[2]) if content_range else len(data)
@@ -236,10 +246,28 @@ def _error_field(reply: Any, tag: str) -> str:
     return found.group(1) if found else ""
 
 
-def _refusal(reply: Any) -> str:
+def _refusal(url: ObjectURL, reply: Any) -> str:
     """The store's answer to a refused request: its status and, from the error document, code and message."""
-    parts = (f"HTTP {reply.status}", _error_field(reply, "Code"), _error_field(reply, "Message"))
-    return " ".join(part for part in parts if part)
+    code = _error_field(reply, "Code")
+    refusal = " ".join(part for part in (f"HTTP {reply.status}", code, _error_field(reply, "Message")) if part)
+    return f"{refusal}: {_missing_bucket_hint(url.bucket)}" if code == NO_SUCH_BUCKET else refusal
+
+
+def _refused(url: ObjectURL, doing: str, error: Exception) -> OSError:
+    """One line for a request the store refused (a botocore or boto3 error): what was asked, of
+    which bucket on which endpoint, and why; a missing bucket said so, with how to create it."""
+    from botocore.exceptions import ClientError
+
+    cause = error if isinstance(error, ClientError) else error.__context__
+    code = cause.response.get("Error", {}).get("Code", "") if isinstance(cause, ClientError) else ""
+    if code == NO_SUCH_BUCKET:
+        return OSError(f"{url}: cannot {doing}: {_missing_bucket_hint(url.bucket)}")
+    return OSError(f"{url}: cannot {doing} (endpoint {client().meta.endpoint_url}): {error}")
+
+
+def _missing_bucket_hint(bucket: str) -> str:
+    return (f"bucket {bucket!r} does not exist on {client().meta.endpoint_url}; create it first "
+            f"(e.g. `aws s3 mb s3://{bucket}`)")
 
 
 # Bigger objects are uploaded in parts; the store shows the object only once every part is in.
@@ -248,11 +276,15 @@ MULTIPART_BYTES = 64 << 20
 
 def upload_file(path: Path, url: ObjectURL) -> None:
     """Upload a file whole: a reader sees the old object or the new one, never part of it."""
+    from boto3.exceptions import S3UploadFailedError
     from boto3.s3.transfer import TransferConfig
 
     REQUESTS["put"] += 1
-    client().upload_file(str(path), url.bucket, url.key,
-                         Config=TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES))
+    try:
+        client().upload_file(str(path), url.bucket, url.key,
+                             Config=TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES))
+    except S3UploadFailedError as error:
+        raise _refused(url, f"upload {path}", error) from error
 
 
 def read_object_if_any(url: ObjectURL) -> bytes | None:
@@ -265,7 +297,7 @@ def read_object_if_any(url: ObjectURL) -> bytes | None:
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None
-        raise OSError(f"{url}: cannot read: {error}") from error
+        raise _refused(url, "read it", error) from error
 
 
 def create_once(url: ObjectURL, data: bytes) -> bool:
@@ -278,7 +310,7 @@ def create_once(url: ObjectURL, data: bytes) -> bool:
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
             return False
-        raise OSError(f"{url}: cannot create: {error}") from error
+        raise _refused(url, "create it", error) from error
     return True
 
 

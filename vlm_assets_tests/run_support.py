@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import yaml
 
 from vlm_assets.catalog.media_checks import MediaCheckLog
@@ -137,3 +139,12 @@ def wait_for_started_run(home: Path, asset: str, partition: str | None = None, t
 def run_status(home: Path, run_id: str) -> dg.DagsterRunStatus:
     with dg.DagsterInstance.from_config(str(home)) as instance:
         return instance.get_run_by_id(run_id).status
+
+
+def skip_without_mount_namespace() -> None:
+    """Skip the test where it cannot mount a small tmpfs of its own (a user and mount namespace)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare to mount a small tmpfs")
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create a mount namespace here: {probe.stderr.decode().strip()}")

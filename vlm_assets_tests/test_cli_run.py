@@ -69,7 +69,7 @@ def test_run_with_an_unknown_selection_is_a_clear_error(demo_config_path, tmp_pa
 def test_run_refuses_fewer_than_one_worker_and_its_help_lists_assets_and_exit_codes(tmp_path):
     for workers in ("0", "-1"):
         result = vlm_assets("run", "--config", str(tmp_path / "absent.yaml"), "--workers", workers)
-        assert result.returncode == 2 and f"--workers: must be at least 1, got {workers}" in result.stderr
+        assert result.returncode == 2 and f"--workers: expected a whole number ≥ 1, got '{workers}'" in result.stderr
     usage = vlm_assets("run", "--help").stdout.replace("\n", " ")
     assert "sample_catalog, sample_length_chunk, sample_lengths" in usage and "training_package" in usage
     assert "3 the Dagster instance's database is unreachable" in usage.replace("  ", " ")

@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from vlm_assets.atomic import atomic_write_text
+from vlm_assets.config import CONFIG_ENV_VAR
 from vlm_assets.orchestration.workers import default_workers
 
 # Instance templates ship inside the package, so a non-editable install finds them too.
@@ -18,6 +19,11 @@ INSTANCE_CONFIG_HEADER = (
 )
 POSTGRES_TEMPLATE = REPO_INSTANCE_CONFIG.with_name("dagster.postgres.yaml")
 POSTGRES_HOST_ENV = "VLM_ASSETS_PG_HOST"
+# `dagster dev` finds its code location through this file in the directory it is started from, and
+# reads that directory's `.env` into its environment: the project directory (project_dir).
+WORKSPACE_FILE = "workspace.yaml"
+ENV_FILE = ".env"
+DEFAULT_HOME_NAME = ".dagster_home"
 POSTGRES_DEFAULTS = {"VLM_ASSETS_PG_PORT": 5432, "VLM_ASSETS_PG_USER": "postgres", "VLM_ASSETS_PG_PASSWORD": "",
                      "VLM_ASSETS_PG_DB": "dagster"}
 
@@ -51,3 +57,51 @@ def ensure_dagster_home(default: Path) -> Path:
         if current != wanted:
             atomic_write_text(target, wanted)
     return home
+
+
+def project_dir(config_path: Path) -> Path:
+    """The nearest directory at or above the config's that holds a `workspace.yaml` (where `dagster dev`
+    is started from), else the config's own directory."""
+    start = Path(config_path).resolve().parent
+    return next((directory for directory in (start, *start.parents) if (directory / WORKSPACE_FILE).is_file()), start)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """`KEY=value` lines of a `.env` file (comments, blank and other lines skipped; quotes stripped)."""
+    values: dict[str, str] = {}
+    if not path.is_file():
+        return values
+    for line in path.read_text(encoding="utf-8").splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key and not key.startswith("#"):
+            values[key.removeprefix("export ").strip()] = value.strip().strip("'\"")
+    return values
+
+
+def default_home(config_path: Path) -> Path:
+    """The instance a command uses when $DAGSTER_HOME is not set: the one the project's `.env` names
+    (what `dagster dev` started in the project directory uses), else `.dagster_home` there."""
+    project = project_dir(config_path)
+    named = read_env_file(project / ENV_FILE).get("DAGSTER_HOME")
+    return (project / named).resolve() if named else project / DEFAULT_HOME_NAME
+
+
+def remember_for_dagster_dev(home: Path, config_path: Path) -> bool:
+    """Whether `dagster dev` started in the project directory shows this instance and this config with
+    no variable exported: their paths are written into the project's `.env` (its other lines kept),
+    unless it names another DAGSTER_HOME. Outside a project (no `workspace.yaml` above the config)
+    nothing is written."""
+    project = project_dir(config_path)
+    if not (project / WORKSPACE_FILE).is_file():
+        return False
+    env_file = project / ENV_FILE
+    current = read_env_file(env_file)
+    if current.get("DAGSTER_HOME", str(home)) != str(home):
+        return False
+    wanted = {"DAGSTER_HOME": str(home), CONFIG_ENV_VAR: str(Path(config_path).resolve())}
+    if all(current.get(key) == value for key, value in wanted.items()):
+        return True
+    lines = env_file.read_text(encoding="utf-8").splitlines() if env_file.is_file() else []
+    kept = [line for line in lines if line.strip().partition("=")[0].removeprefix("export ").strip() not in wanted]
+    atomic_write_text(env_file, "\n".join(kept + [f"{key}={value}" for key, value in wanted.items()]) + "\n")
+    return True

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
 
-from vlm_assets.asset_registry import ASSET_NAMES
+from vlm_assets.asset_registry import ASSET_NAMES, selected_asset
 from vlm_assets.defs.resources import SOURCE_CHUNKS, SOURCE_CHUNKS_PARTITIONS, SOURCES_PARTITIONS
 from vlm_assets.defs.tags import CHUNKED_TAG
 from vlm_assets.tokens.chunk_plan import split_chunk_partition
@@ -73,9 +72,6 @@ class Selection:
         return partition is not None and "|" in partition and source_of(partition, SOURCE_CHUNKS) in self.partitions[asset]
 
 
-SELECTED_PARTITION = re.compile(r"^(?P<asset>[^\[\]]+)\[(?P<partition>[^\[\]]+)\]$")
-
-
 def selection_of(shape: GraphShape, items: Sequence[str] | None) -> Selection:
     """`items` (asset names, or `asset[partition]` for one partition of a partitioned asset) and
     everything they read, dependencies first; every asset when `items` is empty.
@@ -87,10 +83,7 @@ def selection_of(shape: GraphShape, items: Sequence[str] | None) -> Selection:
         return Selection(list(shape.order))
     named: dict[str, set[str] | None] = {}
     for item in items:
-        match = SELECTED_PARTITION.match(item)
-        asset, partition = (match["asset"], match["partition"]) if match else (item, None)
-        if asset not in shape.order:
-            raise ValueError(f"unknown asset key(s): {asset} (known: {', '.join(sorted(shape.order))})")
+        asset, partition = selected_asset(item)
         if partition is not None and shape.partitioning[asset] is None:
             raise ValueError(f"{item}: {asset} is not partitioned; select it as `{asset}`")
         if partition is None or named.get(asset, set()) is None:

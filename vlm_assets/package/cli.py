@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vlm_assets.arguments import whole_number
 from vlm_assets.config import ConfigError, load_config
 from vlm_assets.layout import StorageLayout
 from vlm_assets.object_store import ObjectURL, is_object_url, location_of, location_size, upload_file
@@ -131,7 +132,12 @@ def _extract(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    report = verify_package(location_of(args.package), log=_log)
+    try:
+        report = verify_package(location_of(args.package), log=_log)
+    except PackageError as error:
+        # A package that cannot be read to its end fails verification as one with a mismatch does.
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     for problem in report.problems:
         print(f"MISMATCH {problem}")
     status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem(s))"
@@ -210,14 +216,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pack.add_argument("-o", "--output", help="package file, or an s3:// URL to upload it to (default: <name>.nnpkg[.zst] "
                       "beside the recipe, or under storage packages/)")
     pack.add_argument("--compress", choices=COMPRESSIONS, help="override the recipe's compression")
-    pack.add_argument("--level", type=int, help="compression level (default: gzip 6, zstd 3)")
-    pack.add_argument("--threads", type=int, help="zstd worker threads (default: all CPUs)")
+    pack.add_argument("--level", type=whole_number(), help="compression level (default: gzip 6, zstd 3)")
+    pack.add_argument("--threads", type=whole_number(minimum=0),
+                      help="zstd worker threads (default: all CPUs; 0 compresses in this thread)")
     pack.set_defaults(func=_guarded(_pack))
 
     for name, handler, text in (
         ("info", _info, "summary from manifest.json only (no unpacking)"),
         ("list", _list, "every file in the manifest: size, sha256 prefix, role, archive path"),
-        ("verify", _verify, "recompute every checksum; names each mismatching, missing or unexpected file (exit 1)"),
+        ("verify", _verify, "recompute every checksum; names each mismatching, missing or unexpected file. Exit codes: "
+         "0 intact; 1 a file mismatches, is missing or unexpected, or the package cannot be read (damaged, cut short, "
+         "absent); 2 a usage error"),
     ):
         sub = commands.add_parser(name, help=text, description=text)
         sub.add_argument("package", help="package file (.nnpkg or .nnpkg.zst), or its s3:// URL")

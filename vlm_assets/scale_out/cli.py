@@ -7,8 +7,9 @@ import argparse
 import multiprocessing
 import os
 
+from vlm_assets.arguments import whole_number
 from vlm_assets.config import CONFIG_ENV_VAR, load_config
-from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, ensure_dagster_home
+from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, default_home, ensure_dagster_home
 from vlm_assets.orchestration.outage import require_reachable
 from vlm_assets.orchestration.workers import default_workers
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
@@ -26,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "worker", help="execute celery runs and steps (Celery worker; needs $VLM_ASSETS_CELERY_BROKER)")
     worker.add_argument("--config", default=os.environ.get(CONFIG_ENV_VAR),
                         help=f"config YAML, the same file the runs use (default ${CONFIG_ENV_VAR})")
-    worker.add_argument("--concurrency", type=int, default=0,
+    worker.add_argument("--concurrency", type=whole_number(minimum=1), default=None,
                         help="runs or steps at a time, each in its own process (default: the number of cores)")
     worker.set_defaults(func=start_worker)
 
@@ -40,7 +41,7 @@ def start_worker(args: argparse.Namespace) -> int:
     os.environ[CONFIG_ENV_VAR] = str(app.path)
     from vlm_assets.orchestration.instance import open_instance
 
-    home = ensure_dagster_home(app.path.parent / ".dagster_home")
+    home = ensure_dagster_home(default_home(app.path))
     require_reachable(home)
     with open_instance(home) as instance:
         storage = type(instance.run_storage).__name__

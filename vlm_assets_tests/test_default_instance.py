@@ -1,0 +1,70 @@
+"""One default instance: with no $DAGSTER_HOME exported, `vlm-assets run` from anywhere and `dagster dev`
+(here `dagster instance info`, which finds its instance the same way) from the project directory agree."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vlm_assets.demo import write_demo
+
+pytestmark = pytest.mark.processes
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+def _without_instance_variables() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if key not in ("DAGSTER_HOME", "VLM_ASSETS_CONFIG")}
+
+
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vlm_assets.cli", *args], cwd=cwd, env=_without_instance_variables(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _dagster_home_seen_by_dagster(cwd: Path) -> str:
+    result = subprocess.run([str(VENV_BIN / "dagster"), "instance", "info"], cwd=cwd, env=_without_instance_variables(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return next(line.split(":", 1)[1].strip() for line in result.stdout.splitlines() if line.startswith("$DAGSTER_HOME:"))
+
+
+def test_run_from_anywhere_and_dagster_dev_in_the_project_use_one_instance(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(REPO / "workspace.yaml", project / "workspace.yaml")
+    (project / ".env").write_text("# the user's own settings stay\nMY_SETTING=1\n")
+    config = write_demo(project / "demo")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    built = _cli(project, "run", "--config", "demo/vlm_assets.yaml", "--select", "sample_catalog[demo_images]")
+    assert built.returncode == 0, built.stdout[-3000:]
+    home = project / ".dagster_home"
+    assert (home / "dagster.yaml").is_file()
+    assert f"cd {project} && " in built.stdout
+    env_lines = (project / ".env").read_text().splitlines()
+    assert env_lines[:2] == ["# the user's own settings stay", "MY_SETTING=1"]
+    assert f"DAGSTER_HOME={home}" in env_lines and f"VLM_ASSETS_CONFIG={config}" in env_lines
+
+    assert _dagster_home_seen_by_dagster(project) == str(home)
+    plan = _cli(elsewhere, "run", "--config", str(config), "--plan", "--select", "sample_catalog[demo_images]")
+    assert plan.returncode == 0, plan.stdout[-3000:]
+    assert "up to date  sample_catalog [demo_images]" in plan.stdout
+    assert not (project / "demo" / ".dagster_home").exists()
+
+    # A DAGSTER_HOME the user put in the project's .env is the instance for both, and is kept.
+    own = tmp_path / "own_home"
+    (project / ".env").write_text(f"DAGSTER_HOME={own}\n")
+    moved = _cli(elsewhere, "run", "--config", str(config), "--plan")
+    assert moved.returncode == 0, moved.stdout[-3000:]
+    assert f"Dagster instance: {own}" in moved.stdout
+    assert (own / "dagster.yaml").is_file()
+    assert _dagster_home_seen_by_dagster(project) == str(own)
+    assert f"DAGSTER_HOME={own}" in (project / ".env").read_text()
