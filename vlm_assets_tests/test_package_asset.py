@@ -37,12 +37,17 @@ def write_config(tmp_path: Path, sources: tuple[str, ...] = (), **package) -> Pa
     return config
 
 
+METADATASET = b"__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n    - {path: demo, weight: 1.0}\n"
+
+
 def make_outputs(root: Path, frame_cache: bool = True) -> None:
     files = {
         "packed_wds/demo/pretrain-000000.tar": os.urandom(50_000),
         "packed_wds/demo/.nv-meta/dataset.yaml": b"__class__: CrudeWebdataset\n",
         "packed_wds/demo/.nv-meta/.info.json": b"{}",
-        "packed_wds/metadataset.yaml": b"__class__: MetadatasetV2\n",
+        "packed_wds/metadataset.yaml": METADATASET,
+        # A source renamed since: the mix no longer names its folder, so no package ships it.
+        "packed_wds/renamed/pretrain-000000.tar": os.urandom(1_000),
     }
     if frame_cache:
         files["frame_cache/56/4/part-00000.tar"] = b"frames" * 10_000
@@ -81,7 +86,8 @@ def test_asset_writes_verified_package_with_metadata(tmp_path: Path) -> None:
     target = tmp_path / "x"
     extract_package(package, target)
     assert (target / "data/packed_wds/demo/.nv-meta/dataset.yaml").read_bytes() == b"__class__: CrudeWebdataset\n"
-    assert (target / "data/packed_wds/metadataset.yaml").read_bytes() == b"__class__: MetadatasetV2\n"
+    assert (target / "data/packed_wds/metadataset.yaml").read_bytes() == METADATASET
+    assert not (target / "data/packed_wds/renamed").exists()
     assert (target / "data/frame_cache/part-00000.tar").exists()
 
 

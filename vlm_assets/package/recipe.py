@@ -24,6 +24,7 @@ from vlm_assets.config import (
     package_name_problem,
 )
 from vlm_assets.layout import StorageLayout
+from vlm_assets.packing.mix import mixed_paths
 from vlm_assets.package.manifest import PackageError
 from vlm_assets.package.writer import PackagePart, PackageSpec
 
@@ -132,7 +133,7 @@ def spec_from_config(app: AppConfig, warn: Any = None) -> PackageSpec:
     for role in app.package.include:
         source = locations[role]
         if source.is_dir():
-            parts.append(PackagePart(role, source))
+            parts.append(PackagePart(role, source, _mixed_only(layout) if role == PACKED_WDS else ()))
         elif warn is not None:
             warn(f"package part {role!r} skipped: {source} does not exist")
     if not parts:
@@ -140,6 +141,14 @@ def spec_from_config(app: AppConfig, warn: Any = None) -> PackageSpec:
     return PackageSpec(
         app.package.name, app.package.compress, tuple(parts), _plain(app.package.hyperparameters), app.package.train_command
     )
+
+
+def _mixed_only(layout: StorageLayout) -> tuple[str, ...]:
+    """What of packed_wds a package ships: the training mix and the datasets it blends, not the
+    folders of sources since renamed or unregistered (all of it while no mix is written)."""
+    if not layout.metadataset.is_file():
+        return ()
+    return (layout.metadataset.name, *mixed_paths(layout.metadataset))
 
 
 def _plain(value: Any) -> Any:

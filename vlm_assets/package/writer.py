@@ -52,10 +52,12 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class PackagePart:
-    """One dataset in the package: everything under `source` (a directory or one file) gets `role`."""
+    """One dataset in the package: everything under `source` (a directory or one file) gets `role`;
+    with `only`, just those entries of the directory (files or folders, by name)."""
 
     role: str
     source: Path
+    only: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,9 @@ def collect_sources(parts: Iterable[PackagePart]) -> list[_Source]:
         elif root.is_dir():
             for directory, dirnames, filenames in os.walk(root):
                 dirnames[:] = sorted(name for name in dirnames if not is_staging_dir(name))
+                if part.only and Path(directory) == root:
+                    dirnames[:] = [name for name in dirnames if name in part.only]
+                    filenames = [name for name in filenames if name in part.only]
                 for filename in filenames:
                     path = Path(directory, filename)
                     if is_temp_file(filename) or not path.is_file():

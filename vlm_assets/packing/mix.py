@@ -141,6 +141,13 @@ def metadataset(entries: list[MixEntry]) -> dict[str, Any]:
     }
 
 
+def mixed_paths(metadataset_path: Path) -> list[str]:
+    """The dataset folders (relative to the metadataset's folder) a written metadataset blends."""
+    data = yaml.safe_load(metadataset_path.read_text(encoding="utf-8")) or {}
+    return sorted({str(entry["path"]) for split in (data.get("splits") or {}).values()
+                   for entry in (split or {}).get("blend") or []})
+
+
 def write_metadataset(path: Path, entries: list[MixEntry]) -> None:
     atomic_write_text(path, yaml.safe_dump(metadataset(entries), sort_keys=False))
 
