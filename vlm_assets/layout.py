@@ -141,6 +141,31 @@ class StorageLayout:
         }
         return outputs.get(asset, [])
 
+    def damaged_outputs(self, asset: str, partition: str | None, app: AppConfig, recorded: dict[str, object]) -> list[str]:
+        """What of `asset`'s outputs on disk no longer matches what its last materialisation recorded
+        (`recorded`: its metadata values): a file missing or cut short, each named. Reads no data,
+        only sizes and a Parquet file's closing bytes."""
+        from vlm_assets.packing.energon import MAIN_FOLDER_NAME
+        from vlm_assets.packing.wds import shard_name
+
+        outputs = self.primary_outputs(asset, partition, app)
+        damage = [f"{path} is missing" for path in outputs if not path.exists()]
+        damage += [f"{path} is cut short (no Parquet footer)" for path in outputs
+                   if path.suffix == ".parquet" and path.is_file() and not _ends_as_parquet(path)]
+        if asset in ("packed_wds_shards", "energon_dataset") and partition is not None and "shards" in recorded:
+            folder = self.packed_wds(partition)
+            shards = [folder / shard_name(index) for index in range(int(str(recorded["shards"])))]
+            damage += [f"{shard} is missing" for shard in shards if not shard.is_file()]
+            if asset == "packed_wds_shards" and not damage and "bytes" in recorded:
+                # `bytes` counts the tar blocks written; each file ends padded to whole tar records.
+                size = sum(shard.stat().st_size for shard in shards)
+                if size < int(str(recorded["bytes"])) or any(shard.stat().st_size % TAR_RECORD for shard in shards):
+                    damage.append(f"the shards in {folder} are cut short ({size} bytes on disk, {recorded['bytes']} written)")
+            if asset == "energon_dataset":
+                needed = [Path(f"{shard}.idx") for shard in shards] + [folder / MAIN_FOLDER_NAME / "index.sqlite"]
+                damage += [f"{path} is missing (Energon's index)" for path in needed if not path.is_file()]
+        return damage
+
     # Names of the locks (vlm_assets.locks) that keep concurrent runs on this root apart.
     @staticmethod
     def source_lock(source: str) -> str:
@@ -157,3 +182,16 @@ class StorageLayout:
     @staticmethod
     def package_lock(name: str) -> str:
         return f"package-{name}"
+
+
+PARQUET_MAGIC = b"PAR1"
+TAR_RECORD = 10240  # tarfile pads an archive to whole records of 20 blocks
+
+
+def _ends_as_parquet(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(0, 2)
+        if handle.tell() < len(PARQUET_MAGIC):
+            return False
+        handle.seek(-len(PARQUET_MAGIC), 2)
+        return handle.read() == PARQUET_MAGIC

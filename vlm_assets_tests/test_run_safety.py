@@ -27,6 +27,7 @@ from vlm_assets_tests.run_support import (
     run_status,
     single_slot_instance,
     site_config,
+    skip_without_mount_namespace,
     snapshot,
     start_run,
     wait_for_started_run,
@@ -237,6 +238,54 @@ def test_a_second_run_waits_for_the_partition_another_run_is_building_and_takes_
     assert [run.run_id for run in runs if run.tags.get("vlm_assets/asset") == "sample_catalog"] == [building.run_id]
 
 
+def test_an_output_deleted_or_cut_short_on_disk_is_rebuilt_with_what_energon_needs(demo_config_path, tmp_path):
+    from vlm_assets.packing.energon_loader import load_all_ids
+
+    config = site_config(demo_config_path, tmp_path)
+    home = tmp_path / "home"
+    lineage = ("--select", "energon_dataset[demo_images]")
+    assert run(config, home, *WORKERS, *lineage).returncode == 0
+    layout = StorageLayout(load_config(config).storage_root)
+    shard = layout.packed_wds("demo_images") / "pretrain-000000.tar"
+    index = Path(f"{shard}.idx")
+    expected_ids = load_all_ids(layout.packed_wds("demo_images"))
+
+    def plan() -> str:
+        result = run(config, home, "--plan", *lineage)
+        assert result.returncode == 0, result.stdout[-3000:]
+        return result.stdout
+
+    def rebuilt() -> None:
+        again = run(config, home, *WORKERS, *lineage)
+        assert again.returncode == 0, again.stdout[-3000:]
+        shown = plan()
+        assert "0 of" in shown, [line for line in shown.splitlines() if "up to date" not in line]
+        assert load_all_ids(layout.packed_wds("demo_images")) == expected_ids
+
+    shard.unlink()
+    shown = plan()
+    assert "   missing  packed_wds_shards [demo_images]" in shown and f"↳ {shard} is missing" in shown
+    assert "   missing  energon_dataset [demo_images]" in shown
+    rebuilt()
+
+    forced = run(config, home, *WORKERS, "--force", "--select", "packed_wds_shards[demo_images]")
+    assert forced.returncode == 0, forced.stdout[-3000:]
+    if not index.exists():  # the rewritten shards' Energon index goes with them: energon_dataset is missing
+        assert f"↳ {index} is missing (Energon's index)" in plan()
+    rebuilt()
+
+    with open(shard, "r+b") as handle:
+        handle.truncate(shard.stat().st_size // 2)
+    assert "are cut short" in plan()
+    rebuilt()
+
+    lengths = layout.lengths("demo_images")
+    with open(lengths, "r+b") as handle:
+        handle.truncate(lengths.stat().st_size - 10)
+    assert f"↳ {lengths} is cut short (no Parquet footer)" in plan()
+    rebuilt()
+
+
 @pytest.mark.parametrize("instances", ["one instance", "two instances"])
 def test_concurrent_runs_on_one_storage_root_never_fail_and_write_the_same_bytes(reference, demo_config_path, tmp_path, instances):
     _, expected, _ = reference
@@ -283,11 +332,7 @@ def test_readers_never_see_energon_metadata_being_rewritten(demo_config_path, tm
 
 
 def test_a_full_disk_is_named_in_one_line(demo_config_path, tmp_path):
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare to mount a small tmpfs")
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot create a mount namespace here: {probe.stderr.decode().strip()}")
+    skip_without_mount_namespace()
     site = tmp_path / "site"
     config = site_config(demo_config_path, site)
     (site / "vlm_data").mkdir()

@@ -1,6 +1,7 @@
 """Whether an asset partition needs building, judged as the Dagster UI judges it.
 
-Missing: never materialised, or its primary outputs (StorageLayout.primary_outputs) are gone.
+Missing: never materialised, or its outputs on disk are gone or cut short (StorageLayout.damaged_outputs:
+a primary output, a shard, an Energon index file).
 Failed: the latest run that set out to materialise it failed after its last materialisation (a
 run killed mid-step too, once marked failed). Stale: its recorded fingerprint (its data version)
 differs from the one its upstreams' recorded fingerprints and the current settings give
@@ -49,15 +50,20 @@ class Freshness:
         return not self.force and self.state(asset, partition) is State.UP_TO_DATE
 
     def state(self, asset: str, partition: str | None) -> State:
-        outputs = self.vlm_config.layout.primary_outputs(asset, partition, self.vlm_config.app)
         record = latest_materialization(self.instance, asset, partition)
-        if record is None or not all(path.exists() for path in outputs):
+        if record is None or self.damage(asset, partition, record):
             return State.MISSING
         if self._latest_attempt_failed(asset, partition, record.run_id):
             return State.FAILED
         if recorded_fingerprint(record) != self.fingerprints.of(asset, partition):
             return State.STALE
         return State.UP_TO_DATE
+
+    def damage(self, asset: str, partition: str | None, record: dg.EventLogRecord) -> list[str]:
+        """What of the outputs its materialisation recorded is gone or cut short on disk (StorageLayout.damaged_outputs)."""
+        materialization = record.asset_materialization
+        recorded = {key: value.value for key, value in materialization.metadata.items()} if materialization else {}
+        return self.vlm_config.layout.damaged_outputs(asset, partition, self.vlm_config.app, recorded)
 
     def _latest_attempt_failed(self, asset: str, partition: str | None, materialized_by: str) -> bool:
         key = dg.AssetKey(asset)

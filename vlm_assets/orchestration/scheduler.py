@@ -30,6 +30,7 @@ from vlm_assets.defs.resources import (
     SOURCE_CHUNKS,
     SOURCES_PARTITIONS,
     VlmConfig,
+    latest_materialization,
 )
 from vlm_assets.defs.tags import ASSET_TAG, LAUNCHED_BY_TAG
 from vlm_assets.layout import StorageLayout
@@ -367,6 +368,9 @@ def plan_graph(defs: dg.Definitions, app: AppConfig, instance: dg.DagsterInstanc
             if selection.keeps(asset, key):
                 states[label(asset, key)] = state = freshness.state(asset, key)
                 echo(f"{state.value:>10}  {label(asset, key)}")
+                record = latest_materialization(instance, asset, key) if state is State.MISSING else None
+                for damage in freshness.damage(asset, key, record) if record is not None else []:
+                    echo(f"{'':>10}  ↳ {damage}")
     return states
 
 
