@@ -92,6 +92,11 @@ class ObjectInfo:
 
 
 _local = threading.local()
+# A store that stops answering (frozen, or gone with its connections left open) fails a request after
+# at most STORE_ATTEMPTS × (connect + read timeout) and the back-off between: about a minute and a half.
+STORE_CONNECT_TIMEOUT_S = 5
+STORE_READ_TIMEOUT_S = 20
+STORE_ATTEMPTS = 3
 
 
 def client() -> Any:
@@ -100,8 +105,9 @@ def client() -> Any:
         import boto3  # imported on first use: a purely local run never pays for it
         from botocore.config import Config
 
-        _local.client = boto3.session.Session().client(
-            "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32))
+        _local.client = boto3.session.Session().client("s3", config=Config(
+            retries={"max_attempts": STORE_ATTEMPTS, "mode": "standard"}, max_pool_connections=32,
+            connect_timeout=STORE_CONNECT_TIMEOUT_S, read_timeout=STORE_READ_TIMEOUT_S))
     return _local.client
 
 
@@ -208,7 +214,7 @@ def read_start(url: ObjectURL, size: int) -> tuple[ObjectInfo, bytes] | None:
 # a build's requests and the CPU is shared with the build, so GETs take this way; HEAD, LIST and PUT stay
 # with boto3. Presigned URLs sign only the host: Range and If-Match travel as plain headers.
 PRESIGNED_SECONDS = 900
-_GET_RETRIES = {"total": 5, "backoff_factor": 0.1, "status_forcelist": (429, 500, 502, 503, 504),
+_GET_RETRIES = {"total": STORE_ATTEMPTS - 1, "backoff_factor": 0.1, "status_forcelist": (429, 500, 502, 503, 504),
                 "allowed_methods": frozenset({"GET"}), "raise_on_status": False}
 
 
@@ -219,9 +225,10 @@ def _signed_get(url: ObjectURL, headers: dict[str, str], what: str) -> Any:
     try:
         address = client().generate_presigned_url(
             "get_object", Params={"Bucket": url.bucket, "Key": url.key}, ExpiresIn=PRESIGNED_SECONDS)
-        return _http().request("GET", address, headers=headers, retries=urllib3.Retry(**_GET_RETRIES))
+        return _http().request("GET", address, headers=headers, retries=urllib3.Retry(**_GET_RETRIES),
+                               timeout=urllib3.Timeout(connect=STORE_CONNECT_TIMEOUT_S, read=STORE_READ_TIMEOUT_S))
     except (BotoCoreError, urllib3.exceptions.HTTPError) as error:
-        raise OSError(f"{url}: cannot read {what}: {error}") from error
+        raise OSError(f"{url}: cannot read {what} (endpoint {client().meta.endpoint_url}): {error}") from error
 
 
 def _http() -> Any:

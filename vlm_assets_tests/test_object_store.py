@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -489,3 +490,34 @@ def test_object_media_are_pinned_to_the_version_catalogued_and_read_once(tmp_pat
     client().put_object(Bucket=bucket, Key=late.key, Body=b"\x89PNG\r\n\x1a\n not the same")
     with pytest.raises(OSError, match=r"late\.png changed after it was catalogued"):
         read_media_bytes(pinned)
+
+
+FROZEN_STORE_BOUND_S = 150  # STORE_ATTEMPTS × (connect + read timeout) and back-off, plus the CLI's start
+
+
+@pytest.mark.processes
+def test_a_frozen_store_fails_the_run_within_a_bound_naming_its_endpoint(tmp_path):
+    import boto3
+
+    with seaweedfs(tmp_path / "s3", tmp_path / "weed.log") as server:
+        environment = {**os.environ, "AWS_ENDPOINT_URL": server.endpoint, **CREDENTIALS}
+        store = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                             aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                             region_name=CREDENTIALS["AWS_DEFAULT_REGION"])
+        store.create_bucket(Bucket="frozen")
+        record = {"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}
+        store.put_object(Bucket="frozen", Key="vlm/talk.jsonl", Body=json.dumps(record).encode() + b"\n")
+        config = _config(tmp_path, "frozen", "s3://frozen/vlm/talk.jsonl", "s3://frozen/vlm")
+        os.kill(server.pid, signal.SIGSTOP)  # the store stops answering, its connections left open
+        try:
+            started = time.monotonic()
+            result = subprocess.run([sys.executable, "-m", "vlm_assets.cli", "run", "--config", str(config),
+                                     "--workers", "1", "--dagster-home", str(tmp_path / "home")],
+                                    capture_output=True, text=True, timeout=600, env=environment)
+            took = time.monotonic() - started
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert took < FROZEN_STORE_BOUND_S, (took, output[-3000:])
+    assert server.endpoint in output and "Traceback" not in result.stderr, output[-3000:]
