@@ -19,7 +19,7 @@ processes drifts over both alike, each run on a fresh DAGSTER_HOME and storage r
   local   path and media_root are the files on disk; no AWS variables in its environment
   S3      path and media_root are s3:// URLs of the uploaded copy; the endpoint and credentials
           reach the product through AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
-          AWS_DEFAULT_REGION only, as the README prescribes
+          AWS_DEFAULT_REGION only, as docs/object-storage.md prescribes
 Outputs (storage.root) are local in both.
 
 Prints, per run: wall time, the cores the CLI and its children used, the S3 server's own CPU

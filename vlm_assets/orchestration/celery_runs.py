@@ -34,7 +34,7 @@ RUN_ATTEMPTS = 3
 RUN_TASK = "vlm_assets.execute_run"
 # The queue dagster-celery's workers consume (dagster_celery.make_app); `vlm-assets worker` serves only it.
 WORKER_QUEUE = "dagster"
-START_WORKERS_HINT = "start workers with `vlm-assets worker --config FILE` (README \"Scaling out\")"
+START_WORKERS_HINT = "start workers with `vlm-assets worker --config FILE` (docs/scaling-out.md)"
 
 
 def require_broker() -> str:

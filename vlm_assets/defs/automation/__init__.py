@@ -1,5 +1,5 @@
 """Automation: the inbox, configured-source, source-files and frame-cache sensors, the follow-upstream
-declarative automation and the nightly integrity schedule (README "Automation and the UI")."""
+declarative automation and the nightly integrity schedule (docs/operations.md, "Automation: sensors and schedules")."""
 
 import dagster as dg
 
