@@ -25,6 +25,7 @@ CHUNKS_IN_FLIGHT_PER_PROCESS = 4
 # Chunks the pool holds per process: one running and three ready, enough to keep it working while
 # this process does a chunk of its own (a video's takes a second or more) and cannot hand out more.
 CHUNKS_QUEUED_PER_POOL_PROCESS = 4
+KILLED_CHILD_JOIN_S = 10.0
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -86,6 +87,7 @@ def ordered_map(
     # The pool gets only what keeps its processes busy: what it has been given it hands to them
     # soon after, out of reach, so this process would find nothing left to take over.
     pool_share = (processes - 1) * CHUNKS_QUEUED_PER_POOL_PROCESS
+    others = set(multiprocessing.active_children())
     with ProcessPoolExecutor(max_workers=processes - 1, mp_context=context, initializer=_start_pool_process,
                              initargs=(initializer, initargs)) as pool:
         slots: deque[_Slot[Item, Result]] = deque()
@@ -114,8 +116,18 @@ def ordered_map(
                         idle.run_here(function)
                         continue
                 yield slots.popleft().result()
+        except BaseException:
+            # A failed chunk (or a consumer that stops early) ends the step: queued chunks are dropped
+            # and the pool's processes killed, not waited for. One still working on a long chunk, or
+            # stuck starting, would otherwise keep the failed step (and its CLI) from ending.
+            pool.shutdown(wait=False, cancel_futures=True)
+            killed = set(multiprocessing.active_children()) - others
+            for child in killed:
+                child.kill()
+            for child in killed:
+                child.join(KILLED_CHILD_JOIN_S)
+            raise
         finally:
-            # A failed chunk (or a consumer that stops early) ends the step: queued chunks are dropped.
             pool.shutdown(cancel_futures=True)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -436,6 +437,21 @@ def test_ordered_map_keeps_input_order_while_this_process_takes_chunks_the_pool_
     # The pool's process starts (a second or so) while this one already works through later chunks.
     workers = {pid for _cost, pid in results}
     assert os.getpid() in workers and len(workers) == 2
+
+
+def _sleep_or_fail(seconds: float) -> float:
+    if seconds < 0:
+        raise ValueError("a bad chunk")
+    time.sleep(seconds)
+    return seconds
+
+
+def test_a_failed_chunk_ends_ordered_map_without_waiting_for_the_pools_long_chunk():
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="a bad chunk"):
+        list(ordered_map(_sleep_or_fail, [120.0, -1.0], 2, _nothing_to_set_up))
+    assert time.monotonic() - started < 60  # the 120 s chunk was not waited for
+    assert multiprocessing.active_children() == []
 
 
 def test_rows_with_ids_reads_just_those_rows_in_table_order(catalog):
