@@ -21,7 +21,7 @@ from vlm_assets.catalog.build import build_catalog
 from vlm_assets.catalog.messages import PLACEHOLDER_PATTERN
 from vlm_assets.config import ConfigError, FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.layout import StorageLayout
-from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
+from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, measure_samples
 from vlm_assets.tokens.processor import load_processor
 from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, model_types_of, prove_fast_path
 from vlm_assets.tokens.table import sample_kind
@@ -32,6 +32,8 @@ from vlm_assets_tests.test_frames import make_video
 
 CLIPS = FrameCacheConfig(num_frames=8, frame_size=112, rows=2, cols=4)
 NO_VIDEO = {"gemma3"}
+# The families whose images the fast path counts with their own arithmetic, not Qwen2-VL's merged patches.
+NON_QWEN_IMAGE_FAMILIES = ("llava_onevision", "internvl", "gemma3")
 REAL_VIDEOS = ("decord/examples/flipping_a_pancake.mkv", "decord/tests/test_data/video_90.mov",
                "torchcodec/test/resources/nasa_13013.mp4")
 
@@ -121,13 +123,32 @@ def test_each_family_says_what_it_takes_and_which_path_counts(processors):
     assert described["qwen2_5_vl"].endswith("text: fast, images: fast, videos: fast")
     # Qwen3-VL prints each clip's timestamps, which one clip's count cannot stand for.
     assert described["qwen3_vl"].endswith("text: fast, images: fast, videos: exact")
-    # Multi-image modes, tiles and Gemma3's image sequence are not the fast path's arithmetic: counted exactly.
-    assert described["llava_onevision"].endswith("text: fast, images: exact, videos: exact")
-    assert described["internvl"].endswith("text: fast, images: exact, videos: exact")
+    # LLaVA-OneVision's multi-image mode, InternVL's tiles and Gemma3's image sequence have their own arithmetic;
+    # their videos have none.
+    assert described["llava_onevision"].endswith("text: fast, images: fast, videos: exact")
+    assert described["internvl"].endswith("text: fast, images: fast, videos: exact")
     assert described["gemma3"].startswith("Gemma3Processor (model types gemma3")
-    assert described["gemma3"].endswith("takes text, images; lengths by path: text: fast, images: exact")
+    assert described["gemma3"].endswith("takes text, images; lengths by path: text: fast, images: fast")
     for family in FAMILIES:
         assert family in described[family].split(";")[0]
+
+
+@pytest.mark.parametrize("family", NON_QWEN_IMAGE_FAMILIES)
+def test_real_images_counted_from_their_sizes_equal_a_direct_processor_call(family, processors, real_samples):
+    """The fast path alone (text, image sizes from file headers, the family's arithmetic) on every real image sample."""
+    processor = processors[family]
+    counter = counter_for(processor)
+    assert counter.modalities.fast_images
+    control = control_tokens_of(processor)
+    samples = [sample for sample in real_samples if set(sample.media_kinds) == {"image"}
+               and not any(token in PLACEHOLDER_PATTERN.sub("", sample.messages) for token in control)]
+    assert {sample_kind(list(sample.media_kinds)) for sample in samples} == {"single_image", "multi_image"}
+    measured = measure_samples(samples, counter.text, counter.modalities)
+    for sample, ours in zip(samples, map(counter.complete, measured), strict=True):
+        exact = counter.exact(sample)
+        assert ours.status == "ok", (sample.sample_id, ours.reason)
+        assert ours.token_len == direct_length(processor, sample, CLIPS), sample.sample_id
+        assert (ours.text_tokens, ours.image_tokens) == (exact.text_tokens, exact.image_tokens), sample.sample_id
 
 
 def test_multi_image_samples_use_llava_onevisions_multi_image_mode(processors, real_samples):

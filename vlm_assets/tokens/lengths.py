@@ -6,9 +6,10 @@ a sample's images loaded as `transformers.image_utils.load_image` does and passe
 sampling off and the clip's metadata (fps, frame count, the cache's frame indices) alongside.
 
 The fast path counts without pixels: image sizes from file headers (EXIF orientation applied) and
-the image processor's own patch arithmetic, one frame-cache-shaped clip's video token count, and
-batched tokenisation of the template rendered with a single placeholder token per media item. It
-is used per family and modality only where probes proved it equal to the exact path
+the family's own image-token arithmetic (vlm_assets.tokens.image_tokens), one frame-cache-shaped
+clip's video token count, and batched tokenisation of the template rendered with a single
+placeholder token per media item (for an image, inside the text the processor writes around its
+tokens). It is used per family and modality only where probes proved it equal to the exact path
 (vlm_assets.tokens.profile); every other sample goes through the exact path.
 
 The fast path runs in two stages: `measure_samples` needs only the text (vlm_assets.tokens.text)
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -33,6 +34,7 @@ from vlm_assets.catalog.schema import STATUS_OK, STATUS_REJECTED
 from vlm_assets.config import FrameCacheConfig
 from vlm_assets.frames.probe import SampledFrames
 from vlm_assets.tokens.consumer import CountingRule, consumer_video
+from vlm_assets.tokens.image_tokens import ImageExpansion, image_token_arithmetic, marked_token_ids
 from vlm_assets.tokens.text import ProcessorText, TextCounter, control_token_in
 
 # Reason prefix of a sample the processor call itself refused (not its media, text or template):
@@ -75,6 +77,11 @@ class MeasuredSample:
     videos: int
     error: str = ""  # why the text or an image could not be measured: the sample's rejection reason
 
+    @property
+    def grouped_images(self) -> bool:
+        """Whether the images reach the processor as a group of several (LLaVA-OneVision counts those apart)."""
+        return len(self.image_sizes) > 1
+
 
 @dataclass(frozen=True)
 class Modalities:
@@ -86,6 +93,17 @@ class Modalities:
     fast_text: bool = False
     fast_images: bool = False
     fast_videos: bool = False
+    # The fast path's text for an image (image_tokens.ImageExpansion), where it is not the placeholder alone.
+    image_placeholder: str = ""
+    image_expansion: str = ""
+    image_tokens_in_expansion: int = 1
+
+    def with_image_expansion(self, expansion: ImageExpansion) -> Modalities:
+        return replace(self, image_placeholder=expansion.placeholder, image_expansion=expansion.text,
+                       image_tokens_in_expansion=expansion.image_tokens)
+
+    def expand_images(self, text: str) -> str:
+        return text.replace(self.image_placeholder, self.image_expansion) if self.image_placeholder else text
 
     def refusal(self, media_kinds: Sequence[str]) -> str:
         """Why the processor cannot count a sample with these media ("" when it can)."""
@@ -148,15 +166,14 @@ def fast_path_counts(sample: SampleForLength, modalities: Modalities, text: Text
     return reject_control_tokens or not control_token_in(chat_conversation(sample.messages), text.control_tokens)
 
 
-def supports_fast_path(processor: Any) -> bool:
-    """Whether the processor has the arithmetic the fast path uses (whether it is right, probes tell)."""
-    image_processor = getattr(processor, "image_processor", None)
-    return (
-        hasattr(processor, "image_token")
-        and hasattr(processor, "video_token")
-        and hasattr(image_processor, "get_number_of_image_patches")
-        and hasattr(image_processor, "merge_size")
-    )
+def supports_fast_images(processor: Any) -> bool:
+    """Whether the processor has the arithmetic the fast path counts images with (whether it is right, probes tell)."""
+    return hasattr(processor, "image_token") and image_token_arithmetic(processor) is not None
+
+
+def supports_fast_videos(processor: Any) -> bool:
+    """Whether the processor has the arithmetic the fast path counts videos with (whether it is right, probes tell)."""
+    return hasattr(processor, "video_token") and hasattr(getattr(processor, "video_processor", None), "merge_size")
 
 
 def decode_video_frames(ref: str, settings: FrameCacheConfig) -> tuple[SampledFrames, np.ndarray]:
@@ -202,7 +219,9 @@ class LengthCounter:
         self.reject_control_tokens = reject_control_tokens
         self.text = ProcessorText(processor)
         self.rule = rule.bound_to(self.modalities.processor_class) if rule is not None else None
+        self._image_arithmetic = image_token_arithmetic(processor)
         self._tokens_by_size: dict[tuple[int, int], int] = {}
+        self._grouped_tokens_by_size: dict[tuple[int, int], int] = {}
         self._tokens_per_clip = tokens_per_clip
 
     # ---- shared -------------------------------------------------------------------------
@@ -212,8 +231,8 @@ class LengthCounter:
     def _split_counts(self, sample: SampleForLength, input_ids: Sequence[int]) -> LengthResult:
         """The length, split by what the processor's image and video token ids mark (text: the rest)."""
         ids = np.asarray(input_ids).reshape(-1)
-        image_ids = _token_ids(self.processor, "image") if self.modalities.takes_images else []
-        video_ids = _token_ids(self.processor, "video") if self.modalities.takes_videos else []
+        image_ids = marked_token_ids(self.processor, "image") if self.modalities.takes_images else []
+        video_ids = marked_token_ids(self.processor, "video") if self.modalities.takes_videos else []
         image_tokens = int(np.isin(ids, image_ids).sum())
         video_tokens = int(np.isin(ids, [i for i in video_ids if i not in image_ids]).sum())
         # A family may spell video frames with its image tokens (InternVL): in a sample without images they are video.
@@ -291,12 +310,14 @@ class LengthCounter:
     def image_tokens(self, ref: str) -> int:
         return self.image_tokens_for_size(*oriented_image_size(ref))
 
-    def image_tokens_for_size(self, height: int, width: int) -> int:
-        if (height, width) not in self._tokens_by_size:
-            image_processor = self.processor.image_processor
-            patches = image_processor.get_number_of_image_patches(height, width, {})
-            self._tokens_by_size[height, width] = patches // image_processor.merge_size**2
-        return self._tokens_by_size[height, width]
+    def image_tokens_for_size(self, height: int, width: int, grouped: bool = False) -> int:
+        """`grouped`: the image is one of several of its sample."""
+        known = self._grouped_tokens_by_size if grouped else self._tokens_by_size
+        if (height, width) not in known:
+            if self._image_arithmetic is None:
+                raise TypeError(f"no image-token arithmetic for {self.modalities.processor_class}")
+            known[height, width] = self._image_arithmetic(height, width, grouped)
+        return known[height, width]
 
     @property
     def video_tokens_per_clip(self) -> int:
@@ -324,18 +345,23 @@ class LengthCounter:
 
     @property
     def image_tokens_by_size(self) -> dict[tuple[int, int], int]:
-        """The image tokens of every (height, width) this counter has counted."""
+        """The image tokens of every (height, width) this counter has counted for an image alone in its sample."""
         return dict(self._tokens_by_size)
 
+    @property
+    def grouped_image_tokens_by_size(self) -> dict[tuple[int, int], int]:
+        """The image tokens of every (height, width) this counter has counted for one of several images of a sample."""
+        return dict(self._grouped_tokens_by_size)
 
-def completed_length(measured: MeasuredSample, image_tokens_for_size: Callable[[int, int], int],
+
+def completed_length(measured: MeasuredSample, image_tokens_for_size: Callable[[int, int, bool], int],
                      video_tokens_per_clip: Callable[[], int]) -> LengthResult:
     """The length of a measured sample: its text tokens plus the image and video tokens the
     processor's arithmetic gives (from the processor, or as it gave them before)."""
     if measured.error:
         return LengthResult.rejected(measured.sample_id, measured.error)
     try:
-        image_total = sum(image_tokens_for_size(*size) for size in measured.image_sizes)
+        image_total = sum(image_tokens_for_size(*size, measured.grouped_images) for size in measured.image_sizes)
         video_total = measured.videos * video_tokens_per_clip() if measured.videos else 0
     except Exception as error:  # same failure classes as the exact path
         return LengthResult.rejected(measured.sample_id, f"{type(error).__name__}: {error}")
@@ -345,18 +371,12 @@ def completed_length(measured: MeasuredSample, image_tokens_for_size: Callable[[
     )
 
 
-def _token_ids(processor: Any, kind: str) -> list[int]:
-    """The ids a processor marks as `kind` tokens (`image_token_ids`; a processor class older than that API: its one id)."""
-    ids = getattr(processor, f"{kind}_token_ids", None) or [getattr(processor, f"{kind}_token_id", None)]
-    return [token_id for token_id in ids if token_id is not None]
-
-
 def measure_samples(
     samples: Sequence[SampleForLength], text: TextCounter, modalities: Modalities, reject_control_tokens: bool = True,
     rule: CountingRule | None = None,
 ) -> list[MeasuredSample]:
-    """Each sample's text tokens (its template rendered with one pad token per media item) and media shapes
-    (images: the size they reach the processor at)."""
+    """Each sample's text tokens (its template rendered with one pad token per media item, an image's with
+    the text the processor puts around its tokens) and media shapes (images: the size they reach the processor at)."""
     results: list[MeasuredSample | None] = [None] * len(samples)
     rendered: list[tuple[int, str, tuple[tuple[int, int], ...], int]] = []  # (index, text, image sizes, videos)
     for index, sample in enumerate(samples):
@@ -373,13 +393,15 @@ def measure_samples(
                 # decoder does not apply) changes no count.
                 sizes = tuple(rule.image_size(*size) for size in sizes)
             videos = sum(1 for kind in sample.media_kinds if kind == "video")
-            rendered.append((index, rendered_text(text, conversation, rule), sizes, videos))
+            rendered.append((index, modalities.expand_images(rendered_text(text, conversation, rule)), sizes, videos))
         except Exception as error:  # same failure classes as the exact path
             results[index] = MeasuredSample(sample.sample_id, 0, (), 0, f"{type(error).__name__}: {error}")
     counts = text.token_counts([prompt for _index, prompt, _sizes, _videos in rendered]) if rendered else []
     for (index, _text, sizes, videos), count in zip(rendered, counts):
-        # The rendered text holds one pad token per media item; the processor's own counts replace them.
-        results[index] = MeasuredSample(samples[index].sample_id, count - len(samples[index].media_kinds), sizes, videos)
+        # The rendered text holds one pad token per video and the expansion's image tokens per image; the
+        # processor's own counts replace them.
+        pads = videos + len(sizes) * modalities.image_tokens_in_expansion
+        results[index] = MeasuredSample(samples[index].sample_id, count - pads, sizes, videos)
     return [result for result in results if result is not None]
 
 

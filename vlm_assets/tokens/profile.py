@@ -2,10 +2,11 @@
 
 A processor's family decides what it takes (Gemma3 takes no video) and whether the fast path's
 arithmetic holds for it (Qwen3-VL prints per-clip timestamps, LLaVA-OneVision switches to a
-multi-image mode, InternVL tiles images). Rather than trusting a list of families, the fast path
-is put to the test on probe samples, modality by modality, against the exact path; a modality
-whose probes differ is counted by the exact path. The outcome is kept on disk per processor and
-frame-cache shape, so the chunk processes of later steps know it without loading the processor.
+multi-image mode, InternVL tiles images, Gemma3 pans and scans when told to). Rather than trusting
+a list of families, the fast path is put to the test on probe samples, modality by modality,
+against the exact path; a modality whose probes differ is counted by the exact path. The outcome
+is kept on disk per processor and frame-cache shape, so the chunk processes of later steps know it
+without loading the processor.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib.metadata import version
 from pathlib import Path
@@ -35,12 +36,14 @@ from vlm_assets.tokens.lengths import (
     SampleForLength,
     measure_samples,
     modalities_of,
-    supports_fast_path,
+    supports_fast_images,
+    supports_fast_videos,
 )
+from vlm_assets.tokens.image_tokens import ImageExpansion, image_expansion
 from vlm_assets.tokens.processor import RECENT_WRITE_NS, default_cache_dir, processor_fingerprint, shared_processor
 from vlm_assets.tokens.text import store_text_spec, stored_text_spec, text_spec_of
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 
 # Probe conversations in the catalogue's form (<image>/<video> placeholders), chosen to put media
 # next to text, newlines and each other, in first and later turns.
@@ -50,16 +53,23 @@ TEXT_PROBES = (
      {"role": "assistant", "content": "A."}, {"role": "user", "content": "ünïcödé 漢字 🙂\tand\ttabs"},
      {"role": "assistant", "content": ""}],
 )
+# Each size alone (a family may count a sample's several images apart) and in groups of two and three.
 IMAGE_PROBES = (
     ([{"role": "user", "content": "<image>\nDescribe."}, {"role": "assistant", "content": "A shape."}], ("a",)),
     ([{"role": "user", "content": "Look: <image>"}, {"role": "assistant", "content": "Grey."}], ("b",)),
+    ([{"role": "user", "content": "What is this?\n\n<image>"}, {"role": "assistant", "content": "Wide."}], ("c",)),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "<image> tall?"},
+      {"role": "assistant", "content": "Yes."}], ("d",)),
+    ([{"role": "user", "content": "<image>"}, {"role": "assistant", "content": "Large."}], ("e",)),
     ([{"role": "user", "content": "<image><image>Compare them."}, {"role": "assistant", "content": "Alike."}], ("c", "d")),
     ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
       {"role": "user", "content": "And\n<image>\nthis one, and <image>?"}, {"role": "assistant", "content": "Both."}],
      ("d", "a")),
+    ([{"role": "user", "content": "<image>, <image>\n<image>: which?"}, {"role": "assistant", "content": "The first."}],
+     ("b", "c", "b")),
 )
-# (height, width): below the minimum, ordinary, wide and tall, odd sizes.
-PROBE_IMAGE_SIZES = {"a": (37, 53), "b": (480, 640), "c": (333, 1999), "d": (1201, 301)}
+# (height, width): below the minimum, ordinary, wide and tall, large (more tiles than a family keeps), odd sizes.
+PROBE_IMAGE_SIZES = {"a": (37, 53), "b": (480, 640), "c": (333, 1999), "d": (1201, 301), "e": (1501, 1703)}
 VIDEO_PROBES = (
     ([{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "A ball bounces."}],
      ("clip-30fps",)),
@@ -158,12 +168,28 @@ def prove_fast_path(processor: Any, frame_cache: FrameCacheConfig) -> Modalities
             return all(_counts(f) == _counts(e) and e.status == "ok" for f, e in zip(fast, exact, strict=True))
 
         fast_text = equal(tuple((turns, ()) for turns in TEXT_PROBES))
-        arithmetic = fast_text and supports_fast_path(processor)
-        fast_images = arithmetic and taken.takes_images and equal(IMAGE_PROBES)
-        fast_videos = arithmetic and taken.takes_videos and equal(VIDEO_PROBES)
+        expansion = _probe_image_expansion(processor) if fast_text and taken.takes_images else None
+        if expansion is not None:
+            everything_fast = everything_fast.with_image_expansion(expansion)
+        fast_images = expansion is not None and equal(IMAGE_PROBES)
+        fast_videos = fast_text and taken.takes_videos and supports_fast_videos(processor) and equal(VIDEO_PROBES)
         if fast_images and fast_videos and not equal((MIXED_PROBE,)):
             fast_videos = False
-    return Modalities(taken.processor_class, taken.takes_images, taken.takes_videos, fast_text, fast_images, fast_videos)
+    proven = Modalities(taken.processor_class, taken.takes_images, taken.takes_videos, fast_text, fast_images, fast_videos)
+    return proven.with_image_expansion(expansion) if fast_images and expansion is not None else proven
+
+
+def _probe_image_expansion(processor: Any) -> ImageExpansion | None:
+    """The processor's text for an image, where it has image-token arithmetic and reports that text."""
+    from PIL import Image
+
+    if not supports_fast_images(processor):
+        return None
+    height, width = PROBE_IMAGE_SIZES["b"]
+    try:
+        return image_expansion(processor, Image.new("RGB", (width, height), (128, 96, 64)))
+    except Exception:  # a processor that does not report its replacements: its images are counted exactly
+        return None
 
 
 def _model_types(model_types: tuple[str, ...]) -> str:
@@ -199,17 +225,20 @@ MEDIA_TOKEN_SIZES = 200_000
 @dataclass(frozen=True)
 class MediaTokens:
     """Image tokens per (height, width) and video tokens per clip, as a processor counted them before:
-    a chunk whose samples need no other sizes is completed without loading the processor (seconds)."""
+    a chunk whose samples need no other sizes is completed without loading the processor (seconds).
+    `by_size`: an image alone in its sample; `grouped_by_size`: one of several images of a sample."""
 
     by_size: Mapping[tuple[int, int], int]
     per_clip: int | None = None
+    grouped_by_size: Mapping[tuple[int, int], int] = field(default_factory=lambda: MappingProxyType({}))
 
     def covers(self, measured: MeasuredSample) -> bool:
-        return (all(size in self.by_size for size in measured.image_sizes)
+        known = self.grouped_by_size if measured.grouped_images else self.by_size
+        return (all(size in known for size in measured.image_sizes)
                 and (not measured.videos or self.per_clip is not None))
 
-    def image_tokens(self, height: int, width: int) -> int:
-        return self.by_size[height, width]
+    def image_tokens(self, height: int, width: int, grouped: bool) -> int:
+        return (self.grouped_by_size if grouped else self.by_size)[height, width]
 
     def tokens_per_clip(self) -> int:
         assert self.per_clip is not None, "covers() says whether the videos' count is known"
@@ -234,8 +263,9 @@ def stored_media_tokens(model: ModelConfig, frame_cache: FrameCacheConfig) -> Me
 def _read_media_tokens(path: Path, _inode: int, _size: int, _mtime_ns: int) -> MediaTokens:
     try:
         fields = json.loads(path.read_text(encoding="utf-8"))
-        by_size = {(int(height), int(width)): int(tokens) for height, width, tokens in fields["images"]}
-        return MediaTokens(MappingProxyType(by_size), fields["per_clip"])
+        by_size, grouped_by_size = ({(int(height), int(width)): int(tokens) for height, width, tokens in fields[key]}
+                                    for key in ("images", "grouped_images"))
+        return MediaTokens(MappingProxyType(by_size), fields["per_clip"], MappingProxyType(grouped_by_size))
     except (FileNotFoundError, json.JSONDecodeError, TypeError, KeyError, ValueError):
         return MediaTokens({})
 
@@ -246,17 +276,24 @@ def store_media_tokens(model: ModelConfig, frame_cache: FrameCacheConfig, counte
     additions: they are counted again, by a processor, when next needed). `known`: the table as
     read before counting; when it holds all the counter counted, the table is not read again."""
     if known is not None and counter.image_tokens_by_size.keys() <= known.by_size.keys() \
+            and counter.grouped_image_tokens_by_size.keys() <= known.grouped_by_size.keys() \
             and (known.per_clip is not None or not counter.modalities.fast_videos):
         return
     stored = stored_media_tokens(model, frame_cache)
     by_size = {**stored.by_size, **counter.image_tokens_by_size}
+    grouped_by_size = {**stored.grouped_by_size, **counter.grouped_image_tokens_by_size}
     per_clip = stored.per_clip
     if per_clip is None and counter.modalities.fast_videos:
         per_clip = counter.video_tokens_per_clip
-    if len(by_size) == len(stored.by_size) and per_clip == stored.per_clip:
+    if (len(by_size), len(grouped_by_size), per_clip) == (len(stored.by_size), len(stored.grouped_by_size),
+                                                          stored.per_clip):
         return
-    images = [[height, width, tokens] for (height, width), tokens in list(by_size.items())[:MEDIA_TOKEN_SIZES]]
-    _store(_media_tokens_path(model, frame_cache), {"images": images, "per_clip": per_clip})
+    _store(_media_tokens_path(model, frame_cache),
+           {"images": _size_rows(by_size), "grouped_images": _size_rows(grouped_by_size), "per_clip": per_clip})
+
+
+def _size_rows(tokens_by_size: Mapping[tuple[int, int], int]) -> list[list[int]]:
+    return [[height, width, tokens] for (height, width), tokens in list(tokens_by_size.items())[:MEDIA_TOKEN_SIZES]]
 
 
 def _media_tokens_path(model: ModelConfig, frame_cache: FrameCacheConfig) -> Path:
