@@ -23,6 +23,7 @@ from vlm_assets.layout import StorageLayout
 from vlm_assets.locks import LOCK_DIR, file_lock
 from vlm_assets_tests.run_support import (
     differences,
+    initialised_home,
     run,
     run_status,
     single_slot_instance,
@@ -211,7 +212,7 @@ def test_the_clis_workers_and_their_helpers_go_with_it(demo_config_path, tmp_pat
 
 def test_a_second_run_waits_for_the_partition_another_run_is_building_and_takes_its_result(demo_config_path, tmp_path):
     config = site_config(demo_config_path, tmp_path)
-    home = tmp_path / "home"
+    home = initialised_home(tmp_path / "home")  # the test reads the instance while the first run starts
     target = ("--select", "sample_catalog[demo_images]")
     root = load_config(config).storage_root
     with file_lock(root, StorageLayout.source_lock("demo_images")):  # parks the first run's step mid-body
