@@ -87,7 +87,7 @@ from scale import (  # noqa: E402
     machine_cpu,
 )
 
-from vlm_assets.asset_registry import ASSET_NAMES  # noqa: E402
+from vlm_assets.asset_specs import ASSET_NAMES  # noqa: E402
 from vlm_assets.layout import StorageLayout  # noqa: E402
 from vlm_assets_tests.s3_support import CREDENTIALS, S3Server, free_port, seaweedfs  # noqa: E402
 

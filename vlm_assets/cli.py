@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from vlm_assets.arguments import whole_number
-from vlm_assets.asset_registry import ASSET_NAMES, selected_asset
+from vlm_assets.asset_specs import ASSET_NAMES, selected_asset
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig, ConfigError, load_config
 from vlm_assets.orchestration.home import default_home, ensure_dagster_home, project_dir, remember_for_dagster_dev
 from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable

@@ -11,7 +11,7 @@ settings it loaded and the upstream records it read, and records it as its data 
 So an output built from an upstream that has been rebuilt since (a config edited mid-run) never
 counts as up to date.
 
-An asset's code revision is its entry in vlm_assets.asset_registry.REVISIONS.
+An asset's code revision and the settings it reads are in its spec (vlm_assets.asset_specs).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
 from stat import S_ISLNK
 from typing import Any
 
-from vlm_assets.asset_registry import REVISIONS
+from vlm_assets.asset_specs import ASSET_SPECS
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.frames.plan import (
     PLAN_FILE,
@@ -55,24 +55,8 @@ def digest(*parts: Any) -> str:
 
 def _settings(app: AppConfig, processor_fingerprint: str) -> dict[str, Any]:
     """The global config values each asset's step reads (per-source ones are inputs, see Fingerprints)."""
-    fc, sample = app.frame_cache, app.sample
-    return {
-        "sample_catalog": [sample.text_key, fc.num_frames],
-        "sample_length_chunk": [processor_fingerprint, app.model.model_type, fc.num_frames, fc.frame_size,
-                                asdict(app.trainer)],
-        "sample_lengths": [processor_fingerprint, app.model.model_type, fc.num_frames, fc.frame_size,
-                           asdict(app.trainer)],
-        "packing_bins": [sample.sample_type, sample.max_token_len, app.packing.min_fill_ratio, app.packing.mode],
-        "packed_json": [sample.sample_type],
-        "packed_wds_shards": [app.wds.maxcount, app.wds.maxsize, app.packing.mode],
-        "energon_dataset": [sample.sample_type],
-        "training_mix": [sample.sample_type],
-        "video_frame_plan": [fc.num_frames, fc.videos_per_shard],
-        "frame_cache_shard": [fc.num_frames, fc.frame_size, fc.rows, fc.cols, fc.jpeg_quality],
-        "frame_cache_index": [fc.num_frames, fc.frame_size, fc.rows, fc.cols, fc.jpeg_quality],
-        "training_package": [app.package.name, app.package.compress, list(app.package.include),
-                             app.package.hyperparameters, app.package.train_command],
-    }
+    return {spec.name: [processor_fingerprint, *spec.settings(app)] if spec.reads_processor else spec.settings(app)
+            for spec in ASSET_SPECS}
 
 
 def code_versions(app: AppConfig, processor_fingerprint: str) -> dict[str, str]:
@@ -80,7 +64,7 @@ def code_versions(app: AppConfig, processor_fingerprint: str) -> dict[str, str]:
     if app.storage_url is not None:
         # Published there too: moving the root publishes everything again.
         settings = {name: [*values, str(app.storage_url)] for name, values in settings.items()}
-    return {name: f"r{revision}-{digest(settings[name])[:12]}" for name, revision in REVISIONS.items()}
+    return {spec.name: f"r{spec.revision}-{digest(settings[spec.name])[:12]}" for spec in ASSET_SPECS}
 
 
 # (files, bytes, newest mtime) of the files a source's records are read from: changes while they are read.

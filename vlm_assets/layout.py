@@ -7,13 +7,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vlm_assets.config import AppConfig, FrameCacheConfig
+    from vlm_assets.config import FrameCacheConfig
 
 
 # The training mix's file in the packed_wds folder (and in a package's packed_wds role).
 METADATASET_NAME = "metadataset.yaml"
 # Which config file owns a storage root (vlm_assets.root_owner).
 OWNER_NAME = ".vlm_assets_owner.json"
+# A package's file name ends by its outer compression (`package.compress`).
+PACKAGE_EXTENSIONS = {"gzip": ".nnpkg", "zstd": ".nnpkg.zst"}
 # The top-level folder of each kind of output, in build order.
 OUTPUT_FOLDERS = ("catalog", "lengths", "packing", "packed_json", "packed_wds", "frame_cache", "packages")
 
@@ -106,65 +108,11 @@ class StorageLayout:
         return self.root / "packages"
 
     def package_file(self, name: str, compress: str) -> Path:
-        from vlm_assets.package.compression import (
-            package_file_name,  # the package domain builds on this module
-        )
-
-        return self.packages / package_file_name(name, compress)
+        return self.packages / (name + PACKAGE_EXTENSIONS[compress])
 
     @property
     def output_folders(self) -> list[Path]:
         return [self.root / name for name in OUTPUT_FOLDERS]
-
-    def primary_outputs(self, asset: str, partition: str | None, app: AppConfig) -> list[Path]:
-        """Files (or folders) that must exist for `asset` (that partition, built with `app`'s settings) to count as built."""
-        # The file names the domains write by: they build on this module.
-        from vlm_assets.frames.index import INDEX_FILE
-        from vlm_assets.frames.plan import PLAN_FILE
-        from vlm_assets.frames.shard import done_path, tar_path
-        from vlm_assets.packing.energon import DATASET_YAML, MAIN_FOLDER_NAME
-
-        cache_dir = self.frame_cache_dir(app.frame_cache)
-        source = partition or ""
-        outputs = {
-            "sample_catalog": [self.catalog(source), self.chunk_plan(source)],
-            "sample_lengths": [self.lengths(source)],
-            "packing_bins": [self.bins(source), self.rejects(source)],
-            "packed_json": [self.packed_json(source)],
-            "packed_wds_shards": [self.packed_wds(source)],
-            "energon_dataset": [self.packed_wds(source) / MAIN_FOLDER_NAME / DATASET_YAML],
-            "training_mix": [self.metadataset],
-            "video_frame_plan": [cache_dir / PLAN_FILE],
-            "frame_cache_shard": [tar_path(cache_dir, source), done_path(cache_dir, source)],
-            "frame_cache_index": [cache_dir / INDEX_FILE],
-            "training_package": [self.package_file(app.package.name, app.package.compress)],
-        }
-        return outputs.get(asset, [])
-
-    def damaged_outputs(self, asset: str, partition: str | None, app: AppConfig, recorded: dict[str, object]) -> list[str]:
-        """What of `asset`'s outputs on disk no longer matches what its last materialisation recorded
-        (`recorded`: its metadata values): a file missing or cut short, each named. Reads no data,
-        only sizes and a Parquet file's closing bytes."""
-        from vlm_assets.packing.energon import MAIN_FOLDER_NAME
-        from vlm_assets.packing.wds import shard_name
-
-        outputs = self.primary_outputs(asset, partition, app)
-        damage = [f"{path} is missing" for path in outputs if not path.exists()]
-        damage += [f"{path} is cut short (no Parquet footer)" for path in outputs
-                   if path.suffix == ".parquet" and path.is_file() and not _ends_as_parquet(path)]
-        if asset in ("packed_wds_shards", "energon_dataset") and partition is not None and "shards" in recorded:
-            folder = self.packed_wds(partition)
-            shards = [folder / shard_name(index) for index in range(int(str(recorded["shards"])))]
-            damage += [f"{shard} is missing" for shard in shards if not shard.is_file()]
-            if asset == "packed_wds_shards" and not damage and "bytes" in recorded:
-                # `bytes` counts the tar blocks written; each file ends padded to whole tar records.
-                size = sum(shard.stat().st_size for shard in shards)
-                if size < int(str(recorded["bytes"])) or any(shard.stat().st_size % TAR_RECORD for shard in shards):
-                    damage.append(f"the shards in {folder} are cut short ({size} bytes on disk, {recorded['bytes']} written)")
-            if asset == "energon_dataset":
-                needed = [Path(f"{shard}.idx") for shard in shards] + [folder / MAIN_FOLDER_NAME / "index.sqlite"]
-                damage += [f"{path} is missing (Energon's index)" for path in needed if not path.is_file()]
-        return damage
 
     # Names of the locks (vlm_assets.locks) that keep concurrent runs on this root apart.
     @staticmethod
@@ -182,16 +130,3 @@ class StorageLayout:
     @staticmethod
     def package_lock(name: str) -> str:
         return f"package-{name}"
-
-
-PARQUET_MAGIC = b"PAR1"
-TAR_RECORD = 10240  # tarfile pads an archive to whole records of 20 blocks
-
-
-def _ends_as_parquet(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        handle.seek(0, 2)
-        if handle.tell() < len(PARQUET_MAGIC):
-            return False
-        handle.seek(-len(PARQUET_MAGIC), 2)
-        return handle.read() == PARQUET_MAGIC

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlm_assets.atomic import TEMP_SUFFIX, atomic_write_text
-from vlm_assets.config import AppConfig
-from vlm_assets.layout import StorageLayout
 from vlm_assets.object_store import REQUESTS, ObjectURL, client, head, list_objects, upload_file
 
 LEDGER_FOLDER = Path("spool") / "published"
@@ -36,29 +34,6 @@ class Published:
     def describe(self, url: ObjectURL) -> str:
         return (f"published to {url}: {self.put} object(s) put ({self.put_bytes / 1e6:.1f} MB), "
                 f"{self.unchanged} unchanged, {self.deleted} deleted")
-
-
-def published_outputs(layout: StorageLayout, asset: str, partition: str | None, app: AppConfig) -> list[Path]:
-    """What `asset` (that partition) publishes: files, and folders mirrored whole."""
-    from vlm_assets.frames.plan import PLAN_FILE  # the frames domain builds on vlm_assets.layout too
-    from vlm_assets.frames.shard import done_path, tar_path
-
-    cache_dir = layout.frame_cache_dir(app.frame_cache)
-    source = partition or ""
-    outputs = {
-        "sample_catalog": [layout.catalog(source), layout.chunk_plan(source)],
-        "sample_lengths": [layout.lengths(source)],
-        "packing_bins": [layout.bins(source), layout.rejects(source)],
-        "packed_json": [layout.packed_json(source)],
-        "packed_wds_shards": [layout.packed_wds(source)],
-        "energon_dataset": [layout.packed_wds(source)],
-        "training_mix": [layout.metadataset],
-        "video_frame_plan": [cache_dir / PLAN_FILE],
-        "frame_cache_shard": [tar_path(cache_dir, source), done_path(cache_dir, source)],
-        "frame_cache_index": [cache_dir],
-        "training_package": [layout.package_file(app.package.name, app.package.compress)],
-    }
-    return outputs.get(asset, [])
 
 
 def msc_url(root: Path, url: ObjectURL, path: Path) -> str:

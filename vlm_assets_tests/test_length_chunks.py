@@ -88,3 +88,18 @@ def test_chunks_measured_apart_in_any_order_assemble_the_table_one_pass_writes(t
     assert (tmp_path / "assembled.parquet").read_bytes() == (tmp_path / "one_pass.parquet").read_bytes()
     with pytest.raises(ValueError, match="chunk store and a row range"):
         write_length_table(catalog, None, model, frame_cache, store=store)
+
+
+def test_the_table_records_the_transformers_release_that_counted_and_the_fingerprint_follows_it(tmp_path, monkeypatch):
+    from importlib.metadata import version
+
+    from vlm_assets.tokens import processor
+
+    _catalog(tmp_path / "catalog.parquet", 10, row_group=10)
+    write_length_table(tmp_path / "catalog.parquet", tmp_path / "lengths.parquet", ModelConfig(), FrameCacheConfig(), 1)
+    recorded = pq.read_schema(tmp_path / "lengths.parquet").metadata[b"transformers"].decode()
+    assert recorded == version("transformers")
+    installed = processor.processor_fingerprint(ModelConfig())
+    # Another release in the same environment: what `pip install transformers==…` changes.
+    monkeypatch.setattr(processor, "transformers_version", lambda: "5.10.1" if recorded != "5.10.1" else "5.25.0")
+    assert processor.processor_fingerprint(ModelConfig()) != installed

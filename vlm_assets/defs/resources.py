@@ -9,6 +9,7 @@ from typing import Any
 
 import dagster as dg
 
+from vlm_assets.asset_specs import spec_of
 from vlm_assets.config import AppConfig, ConfigError, SourceConfig, load_config
 from vlm_assets.defs.tags import ALIVE_TAG
 from vlm_assets.fingerprints import Fingerprints, RecordedFingerprint
@@ -16,7 +17,7 @@ from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
 from vlm_assets.packing.mix import mixable
 from vlm_assets.progress import ProgressFile
-from vlm_assets.publish import msc_url, publish, published_outputs
+from vlm_assets.publish import msc_url, publish
 from vlm_assets.locks import file_locks, process_token
 from vlm_assets.root_owner import claim_object_root, claim_storage_root
 
@@ -133,7 +134,7 @@ class VlmConfig(dg.ConfigurableResource):
         if url is None:
             return {}
         partition = context.partition_key if context.has_partition_key else None
-        published = publish(self.app.storage_root, url, published_outputs(self.layout, asset, partition, self.app))
+        published = publish(self.app.storage_root, url, spec_of(asset).publishes(self.layout, partition, self.app))
         context.log.info(published.describe(url))
         return {"published_to": str(url), "objects_put": published.put, "objects_unchanged": published.unchanged,
                 "objects_deleted": published.deleted}
@@ -148,6 +149,15 @@ class VlmConfig(dg.ConfigurableResource):
     def locked(self, log: dg.DagsterLogManager, exclusive: Iterable[str] = (), shared: Iterable[str] = ()) -> Iterator[None]:
         """Hold storage locks (StorageLayout's *_lock names) so concurrent runs on this root take turns."""
         with file_locks(self.app.storage_root, exclusive, shared, on_wait=log.info):
+            yield
+
+    @contextlib.contextmanager
+    def locked_for(self, context: dg.AssetExecutionContext) -> Iterator[None]:
+        """Hold the locks the spec of this step's asset names for its partition (vlm_assets.asset_specs)."""
+        spec = spec_of(context.asset_key.to_user_string())
+        partition = context.partition_key if context.has_partition_key else None
+        locks = spec.locks_of(self.layout, partition, self.app, [source.name for source in self.sources()])
+        with self.locked(context.log, locks.exclusive, locks.shared):
             yield
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:

@@ -1,6 +1,6 @@
 """Whether an asset partition needs building, judged as the Dagster UI judges it.
 
-Missing: never materialised, or its outputs on disk are gone or cut short (StorageLayout.damaged_outputs:
+Missing: never materialised, or its outputs on disk are gone or cut short (vlm_assets.asset_specs.damaged_outputs:
 a primary output, a shard, an Energon index file).
 Failed: the latest run that set out to materialise it failed after its last materialisation (a
 run killed mid-step too, once marked failed). Stale: its recorded fingerprint (its data version)
@@ -16,6 +16,7 @@ import enum
 
 import dagster as dg
 
+from vlm_assets.asset_specs import damaged_outputs
 from vlm_assets.config import SourceConfig
 from vlm_assets.defs.catalog.source_files import changed_source_files
 from vlm_assets.defs.resources import VlmConfig, latest_materialization, recorded_fingerprint
@@ -60,10 +61,10 @@ class Freshness:
         return State.UP_TO_DATE
 
     def damage(self, asset: str, partition: str | None, record: dg.EventLogRecord) -> list[str]:
-        """What of the outputs its materialisation recorded is gone or cut short on disk (StorageLayout.damaged_outputs)."""
+        """What of the outputs its materialisation recorded is gone or cut short on disk (asset_specs.damaged_outputs)."""
         materialization = record.asset_materialization
         recorded = {key: value.value for key, value in materialization.metadata.items()} if materialization else {}
-        return self.vlm_config.layout.damaged_outputs(asset, partition, self.vlm_config.app, recorded)
+        return damaged_outputs(self.vlm_config.layout, asset, partition, self.vlm_config.app, recorded)
 
     def _latest_attempt_failed(self, asset: str, partition: str | None, materialized_by: str) -> bool:
         key = dg.AssetKey(asset)

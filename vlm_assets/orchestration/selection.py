@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from vlm_assets.asset_registry import ASSET_NAMES, selected_asset
+from vlm_assets.asset_specs import ASSET_NAMES, selected_asset
 from vlm_assets.defs.resources import SOURCE_CHUNKS, SOURCE_CHUNKS_PARTITIONS, SOURCES_PARTITIONS
 from vlm_assets.defs.tags import CHUNKED_TAG
 from vlm_assets.tokens.chunk_plan import split_chunk_partition

@@ -20,11 +20,12 @@ from typing import BinaryIO
 import zstandard
 
 from vlm_assets.config import COMPRESSIONS
+from vlm_assets.layout import PACKAGE_EXTENSIONS
 from vlm_assets.object_store import Location, open_location
 from vlm_assets.package.manifest import PackageError
 
 GZIP, ZSTD = COMPRESSIONS  # "gzip", "zstd": the values `package.compress` and a recipe's `compress` take
-EXTENSIONS = {GZIP: ".nnpkg", ZSTD: ".nnpkg.zst"}
+EXTENSIONS = PACKAGE_EXTENSIONS
 DEFAULT_LEVELS = {GZIP: 6, ZSTD: 3}  # what `tar czf` / `tar --zstd` use, so sizes compare like for like
 
 _GZIP_MAGIC = b"\x1f\x8b"

@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 from functools import lru_cache
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,11 @@ def processor_dir(model: ModelConfig, cache_dir: Path | None = None) -> Path:
     return Path(model.processor)
 
 
+def transformers_version() -> str:
+    """The installed transformers release, read without importing it."""
+    return version("transformers")
+
+
 def import_transformers() -> None:
     """Import transformers in one thread at a time: two threads importing it at once break its circular imports."""
     with _importing:
@@ -183,20 +189,19 @@ def _cached_processor(processor: str, kwargs_json: str) -> Any:
 
 
 def _current_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Qwen-VL's min_pixels/max_pixels spelled as the `size` dict current transformers expects."""
+    """Qwen-VL's min_pixels and max_pixels, given together, spelled as the `size` dict transformers
+    expects (spelled the old way they are deprecated on every call). Given alone they stay as they
+    are: a `size` with one edge is refused by some releases and leaves the other edge unset in others."""
+    if "min_pixels" not in kwargs or "max_pixels" not in kwargs or "size" in kwargs:
+        return dict(kwargs)
     kwargs = dict(kwargs)
-    if ("min_pixels" in kwargs or "max_pixels" in kwargs) and "size" not in kwargs:
-        size = {}
-        if "min_pixels" in kwargs:
-            size["shortest_edge"] = kwargs.pop("min_pixels")
-        if "max_pixels" in kwargs:
-            size["longest_edge"] = kwargs.pop("max_pixels")
-        kwargs["size"] = size
+    kwargs["size"] = {"shortest_edge": kwargs.pop("min_pixels"), "longest_edge": kwargs.pop("max_pixels")}
     return kwargs
 
 
 def processor_fingerprint(model: ModelConfig, cache_dir: Path | None = None) -> str:
-    """Changes whenever the processor files or kwargs change (used as a code/data version)."""
+    """Changes whenever the processor files, its kwargs or the installed transformers change (used as a
+    code/data version): the same files count differently under another transformers release."""
     files = []
     for path in sorted(processor_dir(model, cache_dir).rglob("*")):
         if path.is_file():
@@ -205,7 +210,7 @@ def processor_fingerprint(model: ModelConfig, cache_dir: Path | None = None) -> 
     # A worker process fingerprints the same files in every run: hash them again only when one of
     # them was rewritten (a new inode, size or modification time). A file modified moments ago may
     # be rewritten again within the same timestamp tick, so such a set is always hashed afresh.
-    kwargs = repr(sorted(model.processor_kwargs.items()))
+    kwargs = repr(sorted(model.processor_kwargs.items())) + f"|transformers {transformers_version()}"
     if any(time.time_ns() - mtime_ns < RECENT_WRITE_NS for *_, mtime_ns in files):
         return _files_fingerprint.__wrapped__(kwargs, tuple(files))
     return _files_fingerprint(kwargs, tuple(files))

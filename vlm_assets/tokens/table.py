@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from vlm_assets.atomic import atomic_path
 from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
 from vlm_assets.config import FrameCacheConfig, ModelConfig
+from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.parallel import ordered_map
 from vlm_assets.tokens.chunk_plan import STORE_ROWS
 from vlm_assets.tokens.consumer import NOT_CARRIED_BY, CountingRule
@@ -54,8 +55,9 @@ from vlm_assets.tokens.profile import (
     stored_media_tokens,
     stored_modalities,
 )
-from vlm_assets.tokens.processor import processor_fingerprint
+from vlm_assets.tokens.processor import processor_fingerprint, transformers_version
 from vlm_assets.tokens.text import SpecText, TextCounter, stored_text_spec
+from vlm_assets.tokens.video_tokens import usable_clip_facts
 
 LENGTH_CHUNK_ROWS = STORE_ROWS
 # A pool costs a start-up (a process spawned, its imports, the text spec's tokenizer built; a processor
@@ -126,14 +128,16 @@ class _ChunkMeasurer:
 
     Samples the fast path counts are measured with the text alone (the stored text spec, no
     processor), to be completed where the processor is loaded; the others are counted here by
-    the exact path, with the processor loaded on the first such sample.
+    the exact path, with the processor loaded on the first such sample. A clip's facts (for a
+    family whose video text follows them) come from the mosaic spool at `clip_spool`.
     """
 
     def __init__(self, model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool,
-                 rule: CountingRule | None) -> None:
+                 rule: CountingRule | None, clip_spool: Path | None = None) -> None:
         self.model, self.frame_cache, self.reject_control_tokens = model, frame_cache, reject_control_tokens
         self.rule = rule
-        self.settings = (processor_fingerprint(model), model, frame_cache, reject_control_tokens, rule)
+        self.settings = (processor_fingerprint(model), model, frame_cache, reject_control_tokens, rule, clip_spool)
+        self.clip_facts = MosaicSpool(clip_spool, frame_cache).sampled if clip_spool is not None else None
         spec, modalities = stored_text_spec(model), stored_modalities(model, frame_cache)
         self._exact: LengthCounter | None = None
         if spec is None or modalities is None:
@@ -153,10 +157,11 @@ class _ChunkMeasurer:
             SampleForLength(row["sample_id"], row["messages"], row["media_kinds"], row["media_refs"])
             for row in catalog_rows if row["status"] == STATUS_OK
         ]
-        fast = [fast_path_counts(sample, self.modalities, self.text, self.reject_control_tokens, self.rule)
+        clip_facts = usable_clip_facts(self.clip_facts, self.frame_cache) if self.clip_facts else None
+        fast = [fast_path_counts(sample, self.modalities, self.text, self.reject_control_tokens, self.rule, clip_facts)
                 for sample in ok_samples]
         measured = iter(measure_samples([sample for sample, quick in zip(ok_samples, fast) if quick], self.text,
-                                        self.modalities, self.reject_control_tokens, self.rule))
+                                        self.modalities, self.reject_control_tokens, self.rule, clip_facts))
         ok = iter(zip(ok_samples, fast))
         results: list[LengthResult | MeasuredSample] = []
         # Every ok sample is answered, in order; a catalogue reject keeps its reason.
@@ -173,7 +178,7 @@ _measurer: _ChunkMeasurer | None = None
 
 
 def start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool,
-                    rule: CountingRule | None = None) -> None:
+                    rule: CountingRule | None = None, clip_spool: Path | None = None) -> None:
     """Set this process up to measure chunks of samples (the text spec's tokenizer built): each
     process of `write_length_table` does first, and a worker may ahead of its chunk runs."""
     global _measurer
@@ -181,8 +186,8 @@ def start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig, reject_co
     # the stored text spec and a tokenizer, a second of work and memory that each run left behind.
     # Its processor's files are part of the key: a processor edited in place has a text spec of its own.
     if _measurer is None or _measurer.settings != (processor_fingerprint(model), model, frame_cache,
-                                                   reject_control_tokens, rule):
-        _measurer = _ChunkMeasurer(model, frame_cache, reject_control_tokens, rule)
+                                                   reject_control_tokens, rule, clip_spool):
+        _measurer = _ChunkMeasurer(model, frame_cache, reject_control_tokens, rule, clip_spool)
 
 
 def _measure_rows(catalog_rows: list[dict]) -> list[LengthResult | MeasuredSample]:
@@ -257,6 +262,7 @@ def write_length_table(
     store: ChunkStore | None = None,
     rows: range | None = None,
     rule: CountingRule | None = None,
+    clip_spool: Path | None = None,
 ) -> LengthTableSummary:
     """Write the length table of the catalogue at `catalog` to `target` (atomically).
 
@@ -265,6 +271,9 @@ def write_length_table(
     With `rows` (whole chunks of `chunk_rows` from a chunk's start) and no `target`, only those rows
     are measured, into the store: one chunk of a source measured apart (tokens.chunk_plan).
     `rule`: what the source's packed shards' consumer encodes of each sample (vlm_assets.tokens.consumer).
+    `clip_spool`: the mosaic spool the catalogue's decoding pass kept each video's frame count, fps and
+    sampled indices in (vlm_assets.frames.spool), for a family whose video text follows them; without
+    it, or for a video it does not hold, such a sample is counted by the exact path (decoded).
     """
     if target is None and (store is None or rows is None):
         raise ValueError("measuring without a target table needs a chunk store and a row range")
@@ -293,7 +302,9 @@ def write_length_table(
     with contextlib.ExitStack() as outputs:
         writer = None
         if target is not None:
-            writer = outputs.enter_context(pq.ParquetWriter(outputs.enter_context(atomic_path(target)), LENGTH_SCHEMA))
+            # The release that counted travels with the table (the UI shows it too, see sample_lengths).
+            schema = LENGTH_SCHEMA.with_metadata({"transformers": transformers_version()})
+            writer = outputs.enter_context(pq.ParquetWriter(outputs.enter_context(atomic_path(target)), schema))
 
         def write(key: str, chunk: pa.Table | list[LengthResult | MeasuredSample]) -> None:
             nonlocal done, reused
@@ -320,7 +331,7 @@ def write_length_table(
 
         # The load is Python (imports) and needs this process's interpreter: measuring here would halve its pace.
         for measured in ordered_map(_measure_rows, chunks_to_measure(), processes, start_measuring,
-                                    (model, frame_cache, reject_control_tokens, rule),
+                                    (model, frame_cache, reject_control_tokens, rule, clip_spool),
                                     may_work_here=load.ready):
             while order[0][1] is not None:  # stored chunks before this one
                 waiting.append(order.popleft())  # type: ignore[arg-type]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import tarfile
 from collections.abc import Iterator
-from pathlib import Path
 
 from vlm_assets.catalog.media import read_tar_member
 from vlm_assets.catalog.media_resolution import (

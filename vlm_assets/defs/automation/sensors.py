@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from vlm_assets.asset_specs import source_lineage
 from vlm_assets.defs.automation.inbox_watch import (
     InboxCursor,
     RunOutcome,
@@ -33,9 +34,7 @@ SOURCE_SCAN_INTERVAL_S = 300
 VIDEO_FRAME_PLAN = dg.AssetKey("video_frame_plan")
 FRAME_CACHE_SHARD = dg.AssetKey("frame_cache_shard")
 # What a new source needs built: every `sources`-partitioned asset up to its own Energon dataset, in order.
-PACKING_LINEAGE = [dg.AssetKey(name) for name in
-                   ("sample_catalog", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards",
-                    "energon_dataset")]
+PACKING_LINEAGE = [dg.AssetKey(name) for name in source_lineage()]
 
 
 def latest_inbox_run(instance: dg.DagsterInstance, name: str) -> RunOutcome | None:

@@ -3,7 +3,6 @@
 
 from collections import Counter
 from pathlib import Path
-from importlib.metadata import version
 
 from typing import Any
 
@@ -18,7 +17,6 @@ from vlm_assets.catalog.media_copies import MediaCopies
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import CatalogSummary, SourceChangedError, write_catalog
 from vlm_assets.defs.catalog.source_files import (
-    SOURCE_FILES,
     observed_digest,
     observed_source_files,
     source_files_observation,
@@ -27,7 +25,6 @@ from vlm_assets.defs.failures import nothing_left, reasons_in
 from vlm_assets.defs.resources import (
     CHUNK_INDEX_PARTITIONS,
     HEAVY_POOL,
-    SOURCE_CHUNKS_PARTITIONS,
     SOURCES_PARTITIONS,
     HFProcessor,
     LoggedProgress,
@@ -35,6 +32,7 @@ from vlm_assets.defs.resources import (
     VlmConfig,
     versioned,
 )
+from vlm_assets.defs.spec_assets import spec_asset
 from vlm_assets.defs.tags import CHUNKED_TAG, FORCE_TAG
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.package.writer import sha256_file
@@ -44,6 +42,7 @@ from vlm_assets.parallel import step_processes
 from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.lengths import SampleForLength
 from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, processor_profile
+from vlm_assets.tokens.processor import transformers_version
 from vlm_assets.config import SourceConfig
 from vlm_assets.fingerprints import Fingerprints, Snapshot
 from vlm_assets.tokens.chunk_plan import ChunkPlan, chunk_index_key, plan_chunks, split_chunk_partition
@@ -68,10 +67,8 @@ def reason_table_md(reasons: Counter[str], rows: int = SHOWN_REASONS) -> str:
     return "\n".join(lines)
 
 
-@dg.asset(
-    partitions_def=SOURCES_PARTITIONS,
-    deps=[SOURCE_FILES],
-    group_name="catalog",
+@spec_asset(
+    "sample_catalog",
     kinds={"parquet"},
     tags={CHUNKED_TAG: "true"},
     description="Every input sample of a source: normalised messages, exactly resolved media, ok or rejected with a reason.",
@@ -139,7 +136,7 @@ def _catalogue(context: dg.AssetExecutionContext, vlm_config: VlmConfig, fingerp
     were published (VlmConfig.publish)."""
     app, layout = vlm_config.app, vlm_config.layout
     path = layout.catalog(source.name)
-    with vlm_config.locked(context.log, exclusive=[layout.source_lock(source.name)]):
+    with vlm_config.locked_for(context):
         check_log = MediaCheckLog(layout.media_checks(source.name))
         # The validating decode also renders each video's frame-cache mosaic, for the plan and shards to take.
         spool = MosaicSpool(layout.mosaic_spool(app.frame_cache), app.frame_cache)
@@ -177,12 +174,12 @@ def _measure_lengths(context: dg.AssetExecutionContext, vlm_config: VlmConfig, s
     `reuse`: take the chunks already in the store (a run of `vlm-assets run --force` measures them again).
     """
     app, layout = vlm_config.app, vlm_config.layout
-    # Chunks measured by an earlier build under the same settings are reused (a killed run, appended
-    # records, a chunk measured by its own run); the library version too, since tokenisation may
-    # change with it while the processor's files do not.
+    # Chunks measured by an earlier build under the same settings (the transformers release among
+    # them, through the processor's fingerprint) are reused: a killed run, appended records, a chunk
+    # measured by its own run.
     store = ChunkStore(layout.length_chunks(source.name), settings="|".join(
-        [vlm_config.fingerprints(context.instance).versions["sample_lengths"], str(source.rejects_control_tokens),
-         version("transformers")]), reuse=reuse)
+        [vlm_config.fingerprints(context.instance).versions["sample_lengths"], str(source.rejects_control_tokens)]),
+        reuse=reuse)
 
     def loaded(profile: ProcessorProfile) -> None:
         context.log.info(f"processor {profile.describe()}")
@@ -201,10 +198,8 @@ def _measure_lengths(context: dg.AssetExecutionContext, vlm_config: VlmConfig, s
     return summary
 
 
-@dg.asset(
-    partitions_def=SOURCE_CHUNKS_PARTITIONS,
-    deps=[sample_catalog],
-    group_name="catalog",
+@spec_asset(
+    "sample_length_chunk",
     kinds={"parquet"},
     pool=HEAVY_POOL,
     tags={CHUNKED_TAG: "true"},
@@ -216,7 +211,7 @@ def sample_length_chunk(context: dg.AssetExecutionContext, vlm_config: VlmConfig
     source_name, index = split_chunk_partition(context.partition_key)
     source = vlm_config.source(source_name)
     fingerprint = vlm_config.fingerprint(context, "sample_length_chunk")
-    with vlm_config.locked(context.log, shared=[vlm_config.layout.source_lock(source.name)]):
+    with vlm_config.locked_for(context):
         plan = ChunkPlan.load(vlm_config.layout.chunk_plan(source.name))
         if plan is None:
             raise dg.Failure(f"{source.name}: its catalogue has no chunk plan yet; build sample_catalog[{source.name}] first")
@@ -240,10 +235,8 @@ def sample_length_chunk(context: dg.AssetExecutionContext, vlm_config: VlmConfig
     }, fingerprint))
 
 
-@dg.asset(
-    partitions_def=SOURCES_PARTITIONS,
-    deps=[sample_catalog, sample_length_chunk],
-    group_name="catalog",
+@spec_asset(
+    "sample_lengths",
     kinds={"parquet"},
     pool=HEAVY_POOL,
     tags={CHUNKED_TAG: "true"},
@@ -256,7 +249,7 @@ def sample_lengths(
     source = vlm_config.source(context.partition_key)
     fingerprint = vlm_config.fingerprint(context, "sample_lengths")
     path = vlm_config.layout.lengths(source.name)
-    with vlm_config.locked(context.log, exclusive=[vlm_config.layout.source_lock(source.name)]):
+    with vlm_config.locked_for(context):
         # Chunks measured by their own runs (sample_length_chunk, forced ones too) are taken from the
         # store; any chunk not measured yet (a run of this asset alone) is measured here.
         summary = _measure_lengths(context, vlm_config, source, path)
@@ -285,6 +278,7 @@ def sample_lengths(
         "length_path": profile.describe(),
         "special_tokens_in_text": source.special_tokens_in_text,
         "processor_fingerprint": hf_processor.fingerprint(),
+        "transformers": transformers_version(),
         **published,
     }, fingerprint))
 

@@ -15,6 +15,7 @@ from vlm_assets.defs.resources import (
     step_progress,
     versioned,
 )
+from vlm_assets.defs.spec_assets import spec_asset
 from vlm_assets.frames.index import write_index
 from vlm_assets.frames.plan import (
     PlannedVideo,
@@ -64,10 +65,9 @@ def plan_table_md(plan: list[PlannedVideo], limit: int = 10) -> str:
     return "\n".join(lines)
 
 
-@dg.asset(
+@spec_asset(
+    "video_frame_plan",
     automation_condition=FOLLOWS_UPSTREAM,
-    deps=[dg.AssetKey("sample_catalog")],
-    group_name="frame_cache",
     description="Every unique video of the catalogue with its decodable frame count, fps, sampled "
     "frame indices and (append-only) shard; registers the frame_cache_shards partitions. Videos the "
     "catalogue decoded are taken from its spool, the others probed.",
@@ -94,7 +94,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
 
     # The plan is append-only: read, extend and write it as one writer, or two runs could each
     # append to the same old plan and one's videos would be lost.
-    with vlm_config.locked(context.log, exclusive=[frame_cache_lock(vlm_config, "plan")]):
+    with vlm_config.locked_for(context):
         existing = read_plan(cache_dir)
         spool = MosaicSpool(vlm_config.layout.mosaic_spool(app.frame_cache), app.frame_cache)
         known = _known_frames(vlm_config, context.log)
@@ -122,11 +122,9 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     }, fingerprint, data_version=plan_file_digest(cache_dir)))
 
 
-@dg.asset(
-    deps=[video_frame_plan],
-    partitions_def=FRAME_CACHE_SHARD_PARTITIONS,
+@spec_asset(
+    "frame_cache_shard",
     pool=FRAME_CACHE_POOL,
-    group_name="frame_cache",
     description="One frame-cache shard: part-NNNNN.tar of JPEG mosaics, then part-NNNNN.done.json. "
     "Mosaics the catalogue rendered are copied from its spool; the others are decoded here.",
 )
@@ -151,8 +149,7 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
             context.log.info(f"{shard}: {done}/{len(members)} videos")
 
     started = time.perf_counter()
-    locks = {"shared": [frame_cache_lock(vlm_config, "content")], "exclusive": [frame_cache_lock(vlm_config, shard)]}
-    with vlm_config.locked(context.log, **locks):
+    with vlm_config.locked_for(context):
         spool = MosaicSpool(vlm_config.layout.mosaic_spool(settings), settings)
         record, reused = ensure_shard(cache_dir, shard, members, settings, on_video=report, spool=spool)
         published = vlm_config.publish(context, "frame_cache_shard")
@@ -174,16 +171,15 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
     }, fingerprint))
 
 
-@dg.asset(
+@spec_asset(
+    "frame_cache_index",
     automation_condition=FOLLOWS_UPSTREAM,
-    deps=[video_frame_plan, frame_cache_shard],
-    group_name="frame_cache",
     description="index.jsonl (one row per media key with shard, byte offset and size), metadata.json, failures.jsonl.",
 )
 def frame_cache_index(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     cache_dir = frame_cache_dir(vlm_config)
     fingerprint = vlm_config.fingerprint(context, "frame_cache_index")
-    with vlm_config.locked(context.log, exclusive=[frame_cache_lock(vlm_config, "index")]):
+    with vlm_config.locked_for(context):
         plan = read_plan(cache_dir)
         summary = write_index(cache_dir, plan, vlm_config.app.frame_cache)
         published = vlm_config.publish(context, "frame_cache_index")

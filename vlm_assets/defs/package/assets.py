@@ -3,8 +3,8 @@
 import dagster as dg
 
 from vlm_assets.atomic import remove_stale_temp_files
-from vlm_assets.defs.frame_cache.assets import frame_cache_lock
 from vlm_assets.defs.resources import HEAVY_POOL, VlmConfig, versioned
+from vlm_assets.defs.spec_assets import spec_asset
 from vlm_assets.package.compression import COMPRESSIONS
 from vlm_assets.package.readiness import input_problems
 from vlm_assets.package.recipe import spec_from_config
@@ -19,9 +19,8 @@ def _roles_table(result: PackResult) -> str:
     return "\n".join(rows)
 
 
-@dg.asset(
-    deps=[dg.AssetKey("training_mix"), dg.AssetKey("frame_cache_index")],
-    group_name="package",
+@spec_asset(
+    "training_package",
     kinds={"tar"},
     pool=HEAVY_POOL,
     description="packages/<name>.nnpkg (gzip) or .nnpkg.zst (zstd): manifest.json (hyperparameters, "
@@ -42,7 +41,7 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     packages_dir = layout.packages
     spec = spec_from_config(app, warn=context.log.warning)
     target = layout.package_file(spec.name, spec.compress)
-    with vlm_config.locked(context.log, **_package_locks(vlm_config)):
+    with vlm_config.locked_for(context):
         problems = input_problems(app, layout)
         if problems:
             raise dg.Failure(
@@ -72,13 +71,3 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         **published,
         "write_seconds": dg.MetadataValue.float(round(result.write_seconds, 3)),
     }, fingerprint))
-
-
-def _package_locks(vlm_config: VlmConfig) -> dict[str, list[str]]:
-    """The package is written alone, from inputs no run rewrites meanwhile (shards, metadata, frame cache)."""
-    layout = vlm_config.layout
-    return {
-        "exclusive": [layout.package_lock(vlm_config.app.package.name), frame_cache_lock(vlm_config, "content")],
-        "shared": [layout.TRAINING_MIX_LOCK, frame_cache_lock(vlm_config, "plan"), frame_cache_lock(vlm_config, "index"),
-                   *(layout.source_lock(s.name) for s in vlm_config.sources())],
-    }

@@ -7,7 +7,7 @@ import time
 
 import dagster as dg
 
-from vlm_assets.atomic import atomic_open, write_parquet
+from vlm_assets.atomic import atomic_open
 from vlm_assets.catalog.lookup import SampleLookup
 from vlm_assets.catalog.media_copies import MediaCopies
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
@@ -15,11 +15,11 @@ from vlm_assets.defs.failures import nothing_left, reasons_in
 from vlm_assets.defs.packing import checks
 from vlm_assets.defs.resources import (
     HEAVY_POOL,
-    SOURCES_PARTITIONS,
     VlmConfig,
     step_progress,
     versioned,
 )
+from vlm_assets.defs.spec_assets import spec_asset
 from vlm_assets.defs.tags import CHUNKED_TAG, FORCE_TAG
 from vlm_assets.packing.energon import MAIN_FOLDER_NAME, PreparedRecord, prepare_energon_dataset
 from vlm_assets.packing.mix import (
@@ -48,10 +48,8 @@ def _source(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> str:
     return vlm_config.source(context.partition_key).name
 
 
-@dg.asset(
-    partitions_def=SOURCES_PARTITIONS,
-    deps=[dg.AssetKey("sample_catalog"), dg.AssetKey("sample_lengths")],
-    group_name=GROUP,
+@spec_asset(
+    "packing_bins",
     kinds={"parquet"},
     check_specs=checks.PACKING_BINS_CHECKS,
     description="Best-fit-decreasing bins of each source's samples (≤ sample.max_token_len), and a rejects table with reasons.",
@@ -62,7 +60,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     fingerprint = vlm_config.fingerprint(context, "packing_bins")
     catalog_path, lengths_path = layout.catalog(source), layout.lengths(source)
     bins_path, rejects_path = layout.bins(source), layout.rejects(source)
-    with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
+    with vlm_config.locked_for(context):
         started = time.perf_counter()
         append = app.packing.mode == "append"  # the bins written before stay; only samples not in them are packed
         outcome = pack_source(catalog_path, lengths_path, bins_path, rejects_path,
@@ -96,10 +94,8 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     yield from checks.packing_bins_results(catalog_path, bins_path, rejects_path, bins, app)
 
 
-@dg.asset(
-    partitions_def=SOURCES_PARTITIONS,
-    deps=[packing_bins],
-    group_name=GROUP,
+@spec_asset(
+    "packed_json",
     kinds={"json"},
     tags={CHUNKED_TAG: "true"},
     description="One packed record per bin: full messages, per-sample lengths, texts, media members and keys.",
@@ -112,7 +108,7 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
     sample_type = app.sample_type_of(vlm_config.source(source))
     processes = step_processes()
     bins_path = layout.bins(source)
-    with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
+    with vlm_config.locked_for(context):
         with atomic_open(path, "wb") as handle:
             # packing.mode append: the records of the bins kept first are kept as they are (their
             # shards are too), copied as they are checked.
@@ -136,10 +132,8 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
     }, fingerprint))
 
 
-@dg.asset(
-    partitions_def=SOURCES_PARTITIONS,
-    deps=[packed_json],
-    group_name=GROUP,
+@spec_asset(
+    "packed_wds_shards",
     kinds={"webdataset"},
     pool=HEAVY_POOL,
     tags={CHUNKED_TAG: "true"},
@@ -168,7 +162,7 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
                 last_log = time.monotonic()
 
     processes = step_processes()
-    with vlm_config.locked(context.log, exclusive=[layout.source_lock(source)]):
+    with vlm_config.locked_for(context):
         if context.run.tags.get(FORCE_TAG) == "true":
             layout.checked_shards(source).unlink(missing_ok=True)  # `run --force` reads every shard again
         checked = CheckedShards(layout.checked_shards(source))
@@ -202,11 +196,9 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     yield members_result
 
 
-@dg.asset(
-    partitions_def=SOURCES_PARTITIONS,
+@spec_asset(
+    "energon_dataset",
     automation_condition=FOLLOWS_UPSTREAM,
-    deps=[packed_wds_shards],
-    group_name=GROUP,
     kinds={"energon"},
     description="The source's own Energon dataset: .nv-meta and tar indexes beside its shards, from energon's own prepare.",
 )
@@ -220,7 +212,7 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
     record_path = layout.energon_prepared(source.name)
     forced = context.run.tags.get(FORCE_TAG) == "true"  # `run --force` indexes every shard again
     previous = None if forced else PreparedRecord.load(record_path)
-    with vlm_config.locked(context.log, exclusive=[layout.source_lock(source.name)]):
+    with vlm_config.locked_for(context):
         shards = list_shards(root)
         context.log.info(f"{source.name}: preparing Energon metadata over {plural(len(shards), 'shard')} in {root}")
         dataset = prepare_energon_dataset(root, shards, subflavors, previous=previous)
@@ -244,10 +236,9 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
     }, fingerprint))
 
 
-@dg.asset(
+@spec_asset(
+    "training_mix",
     automation_condition=FOLLOWS_UPSTREAM,
-    deps=[dg.AssetDep(energon_dataset, partition_mapping=dg.AllPartitionMapping())],
-    group_name=GROUP,
     kinds={"energon", "yaml"},
     description="packed_wds/metadataset.yaml: an Energon MetadatasetV2 blending every source's dataset by its "
     "`weight`, with subflavors sample_type and source; the metadata shows each source's share of training tokens.",
@@ -257,7 +248,7 @@ def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
     fingerprint = vlm_config.fingerprint(context, "training_mix")
     sources, left_out = vlm_config.mix_sources(context.log)
     path = layout.metadataset
-    with vlm_config.locked(context.log, exclusive=[layout.TRAINING_MIX_LOCK], shared=[layout.source_lock(s.name) for s in sources]):
+    with vlm_config.locked_for(context):
         try:
             entries = mix_entries(vlm_config.app, sources, layout)
         except MixError as error:
