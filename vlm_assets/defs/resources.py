@@ -151,6 +151,10 @@ class VlmConfig(dg.ConfigurableResource):
         with file_locks(self.app.storage_root, exclusive, shared, on_wait=log.info):
             yield
 
+    def build(self, context: dg.AssetExecutionContext) -> "StepBuild":
+        """This step's build of its asset, its fingerprint taken now: call it before reading any input."""
+        return StepBuild(self, context)
+
     @contextlib.contextmanager
     def locked_for(self, context: dg.AssetExecutionContext) -> Iterator[None]:
         """Hold the locks the spec of this step's asset names for its partition (vlm_assets.asset_specs)."""
@@ -167,6 +171,28 @@ class VlmConfig(dg.ConfigurableResource):
         run = context.run
         if run is not None and context.instance is not None and ALIVE_TAG not in run.tags:
             context.instance.add_run_tags(run.run_id, {ALIVE_TAG: str(process_token(self.app.storage_root))})
+
+
+class StepBuild:
+    """The steps every asset's build takes around its own work: its fingerprint, taken before it reads
+    its inputs; its spec's locks, held while it writes (`writing`); its outputs published when the
+    writing ends; and the materialisation's metadata, versioned by the fingerprint (`result`)."""
+
+    def __init__(self, vlm_config: VlmConfig, context: dg.AssetExecutionContext) -> None:
+        self._vlm_config, self._context = vlm_config, context
+        self.asset = context.asset_key.to_user_string()
+        self.fingerprint = vlm_config.fingerprint(context, self.asset)
+        self.published: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        with self._vlm_config.locked_for(self._context):
+            yield
+            self.published = self._vlm_config.publish(self._context, self.asset)
+
+    def result(self, metadata: dict[str, Any], data_version: str | None = None) -> dict[str, Any]:
+        """MaterializeResult arguments: `metadata`, where it was published, and the fingerprint (see versioned)."""
+        return versioned({**metadata, **self.published}, self.fingerprint, data_version)
 
 
 SOURCES_PARTITIONS = dg.DynamicPartitionsDefinition(name="sources")

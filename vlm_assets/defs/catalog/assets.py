@@ -210,20 +210,20 @@ def _measure_lengths(context: dg.AssetExecutionContext, vlm_config: VlmConfig, s
 def sample_length_chunk(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     source_name, index = split_chunk_partition(context.partition_key)
     source = vlm_config.source(source_name)
-    fingerprint = vlm_config.fingerprint(context, "sample_length_chunk")
-    with vlm_config.locked_for(context):
+    build = vlm_config.build(context)
+    with build.writing():
         plan = ChunkPlan.load(vlm_config.layout.chunk_plan(source.name))
         if plan is None:
             raise dg.Failure(f"{source.name}: its catalogue has no chunk plan yet; build sample_catalog[{source.name}] first")
         if index >= len(plan):
             # A cell of the source × chunk grid past this source's last chunk (a bigger source made the index).
             context.log.info(f"{source.name} has {plural(len(plan), 'chunk')}; chunk {index} holds no rows")
-            return dg.MaterializeResult(**versioned({"rows": 0, "source_chunks": len(plan)}, fingerprint))
+            return dg.MaterializeResult(**build.result({"rows": 0, "source_chunks": len(plan)}))
         rows = plan.row_range(index)
         summary = _measure_lengths(context, vlm_config, source, None, rows,
                                    reuse=context.run.tags.get(FORCE_TAG) != "true")
     lengths = summary.ok_token_lens
-    return dg.MaterializeResult(**versioned({
+    return dg.MaterializeResult(**build.result({
         "first_row": rows.start,
         "last_row": rows.stop - 1,
         "samples": summary.samples,
@@ -232,7 +232,7 @@ def sample_length_chunk(context: dg.AssetExecutionContext, vlm_config: VlmConfig
         "rows_reused": summary.reused_rows,
         "source_chunks": len(plan),
         "processes": summary.processes,
-    }, fingerprint))
+    }))
 
 
 @spec_asset(
@@ -247,20 +247,19 @@ def sample_lengths(
 ) -> dg.MaterializeResult:
     app = vlm_config.app
     source = vlm_config.source(context.partition_key)
-    fingerprint = vlm_config.fingerprint(context, "sample_lengths")
+    build = vlm_config.build(context)
     path = vlm_config.layout.lengths(source.name)
-    with vlm_config.locked_for(context):
+    with build.writing():
         # Chunks measured by their own runs (sample_length_chunk, forced ones too) are taken from the
         # store; any chunk not measured yet (a run of this asset alone) is measured here.
         summary = _measure_lengths(context, vlm_config, source, path)
-        published = vlm_config.publish(context, "sample_lengths")
     profile = summary.profile
     assert profile is not None, "a source's whole table loads its processor"
     lengths = summary.ok_token_lens
     if not len(lengths):
         reasons = reasons_in(path)
         raise nothing_left(source.name, "token lengths", reasons, reason_table_md(reasons))
-    return dg.MaterializeResult(**versioned({
+    return dg.MaterializeResult(**build.result({
         "path": dg.MetadataValue.path(str(path)),
         "samples": summary.samples,
         "ok": len(lengths),
@@ -279,8 +278,7 @@ def sample_lengths(
         "special_tokens_in_text": source.special_tokens_in_text,
         "processor_fingerprint": hf_processor.fingerprint(),
         "transformers": transformers_version(),
-        **published,
-    }, fingerprint))
+    }))
 
 
 @dg.asset_check(

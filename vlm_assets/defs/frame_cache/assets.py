@@ -13,7 +13,6 @@ from vlm_assets.defs.resources import (
     VlmConfig,
     register_partitions,
     step_progress,
-    versioned,
 )
 from vlm_assets.defs.spec_assets import spec_asset
 from vlm_assets.frames.index import write_index
@@ -74,7 +73,7 @@ def plan_table_md(plan: list[PlannedVideo], limit: int = 10) -> str:
 )
 def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app = vlm_config.app
-    fingerprint = vlm_config.fingerprint(context, "video_frame_plan")
+    build = vlm_config.build(context)
     cache_dir = frame_cache_dir(vlm_config)
     videos: list[tuple[str, str]] = []
     missing: list[str] = []
@@ -94,13 +93,12 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
 
     # The plan is append-only: read, extend and write it as one writer, or two runs could each
     # append to the same old plan and one's videos would be lost.
-    with vlm_config.locked_for(context):
+    with build.writing():
         existing = read_plan(cache_dir)
         spool = MosaicSpool(vlm_config.layout.mosaic_spool(app.frame_cache), app.frame_cache)
         known = _known_frames(vlm_config, context.log)
         plan, added = extend_plan(existing, videos, app.frame_cache, known, report, decoded=spool.sampled)
         write_plan(cache_dir, plan)
-        published = vlm_config.publish(context, "video_frame_plan")
     orphans = spool.keep_only(video.ref for video in plan)
     if orphans:
         context.log.info(f"removed {plural(orphans, 'spooled mosaic')} of videos that are not in the plan")
@@ -108,7 +106,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     new_keys = register_partitions(context.instance, FRAME_CACHE_SHARD_PARTITIONS, shards)
     failed = sum(1 for video in plan if video.error)
     context.log.info(f"plan: {plural(len(plan), 'video')} ({added} new, {failed} unreadable) in {plural(len(shards), 'shard')}")
-    return dg.MaterializeResult(**versioned({
+    return dg.MaterializeResult(**build.result({
         "videos": len(plan),
         "media_keys": sum(len(video.keys) for video in plan),
         "new_videos": added,
@@ -118,8 +116,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         "sources_without_catalog": dg.MetadataValue.json(missing),
         "path": dg.MetadataValue.path(str(cache_dir)),
         "latest_videos": dg.MetadataValue.md(plan_table_md(plan)),
-        **published,
-    }, fingerprint, data_version=plan_file_digest(cache_dir)))
+    }, data_version=plan_file_digest(cache_dir)))
 
 
 @spec_asset(
@@ -134,7 +131,7 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
     shard = context.partition_key
     # Taken before the plan is read: a plan extended in between then makes the next run rebuild
     # this shard, never call a shard built from fewer members up to date.
-    fingerprint = vlm_config.fingerprint(context, "frame_cache_shard")
+    build = vlm_config.build(context)
     members = shard_members(read_plan(cache_dir)).get(shard)
     if not members:
         raise dg.Failure(f"{shard}: not in the plan at {cache_dir}; materialise video_frame_plan first")
@@ -149,13 +146,12 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
             context.log.info(f"{shard}: {done}/{len(members)} videos")
 
     started = time.perf_counter()
-    with vlm_config.locked_for(context):
+    with build.writing():
         spool = MosaicSpool(vlm_config.layout.mosaic_spool(settings), settings)
         record, reused = ensure_shard(cache_dir, shard, members, settings, on_video=report, spool=spool)
-        published = vlm_config.publish(context, "frame_cache_shard")
     seconds = time.perf_counter() - started
     context.log.info(f"{shard}: {'reused' if reused else 'built'} — {len(record.entries)} cached, {len(record.failures)} failed")
-    return dg.MaterializeResult(**versioned({
+    return dg.MaterializeResult(**build.result({
         "videos": len(members),
         "cached": len(record.entries),
         "failed": len(record.failures),
@@ -167,8 +163,7 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
         "failures": dg.MetadataValue.md(
             "\n".join(f"- `{failure.video_id}`: {failure.error}" for failure in record.failures) or "none"
         ),
-        **published,
-    }, fingerprint))
+    }))
 
 
 @spec_asset(
@@ -178,15 +173,14 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
 )
 def frame_cache_index(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     cache_dir = frame_cache_dir(vlm_config)
-    fingerprint = vlm_config.fingerprint(context, "frame_cache_index")
-    with vlm_config.locked_for(context):
+    build = vlm_config.build(context)
+    with build.writing():
         plan = read_plan(cache_dir)
         summary = write_index(cache_dir, plan, vlm_config.app.frame_cache)
-        published = vlm_config.publish(context, "frame_cache_index")
     context.log.info(summary.line())
     if summary.shards_pending:
         context.log.warning(f"shards not built yet: {', '.join(summary.shards_pending)}")
-    return dg.MaterializeResult(**versioned({
+    return dg.MaterializeResult(**build.result({
         "records": summary.records,
         "skipped": summary.skipped,
         "failed": summary.failed,
@@ -195,5 +189,4 @@ def frame_cache_index(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
         "shards_pending": dg.MetadataValue.json(summary.shards_pending),
         "summary": summary.line(),
         "path": dg.MetadataValue.path(str(cache_dir)),
-        **published,
-    }, fingerprint))
+    }))

@@ -3,7 +3,7 @@
 import dagster as dg
 
 from vlm_assets.atomic import remove_stale_temp_files
-from vlm_assets.defs.resources import HEAVY_POOL, VlmConfig, versioned
+from vlm_assets.defs.resources import HEAVY_POOL, VlmConfig
 from vlm_assets.defs.spec_assets import spec_asset
 from vlm_assets.package.compression import COMPRESSIONS
 from vlm_assets.package.readiness import input_problems
@@ -37,11 +37,11 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     wants a timestamp sets $SOURCE_DATE_EPOCH; it becomes the manifest's created_at.
     """
     app, layout = vlm_config.app, vlm_config.layout
-    fingerprint = vlm_config.fingerprint(context, "training_package")
+    build = vlm_config.build(context)
     packages_dir = layout.packages
     spec = spec_from_config(app, warn=context.log.warning)
     target = layout.package_file(spec.name, spec.compress)
-    with vlm_config.locked_for(context):
+    with build.writing():
         problems = input_problems(app, layout)
         if problems:
             raise dg.Failure(
@@ -57,8 +57,7 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
             if old != target and old.exists():
                 old.unlink()
                 context.log.info(f"removed {old} (package now written as {spec.compress})")
-        published = vlm_config.publish(context, "training_package")
-    return dg.MaterializeResult(**versioned({
+    return dg.MaterializeResult(**build.result({
         "path": dg.MetadataValue.path(str(result.path)),
         "compress": spec.compress,
         "size_bytes": dg.MetadataValue.int(result.package_bytes),
@@ -68,6 +67,5 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         "file_count": dg.MetadataValue.int(len(result.manifest.files)),
         "roles": dg.MetadataValue.md(_roles_table(result)),
         "checksum_seconds": dg.MetadataValue.float(round(result.hash_seconds, 3)),
-        **published,
         "write_seconds": dg.MetadataValue.float(round(result.write_seconds, 3)),
-    }, fingerprint))
+    }))

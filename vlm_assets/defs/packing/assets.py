@@ -17,7 +17,6 @@ from vlm_assets.defs.resources import (
     HEAVY_POOL,
     VlmConfig,
     step_progress,
-    versioned,
 )
 from vlm_assets.defs.spec_assets import spec_asset
 from vlm_assets.defs.tags import CHUNKED_TAG, FORCE_TAG
@@ -57,10 +56,10 @@ def _source(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> str:
 def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     app, layout = vlm_config.app, vlm_config.layout
     source = _source(context, vlm_config)
-    fingerprint = vlm_config.fingerprint(context, "packing_bins")
+    build = vlm_config.build(context)
     catalog_path, lengths_path = layout.catalog(source), layout.lengths(source)
     bins_path, rejects_path = layout.bins(source), layout.rejects(source)
-    with vlm_config.locked_for(context):
+    with build.writing():
         started = time.perf_counter()
         append = app.packing.mode == "append"  # the bins written before stay; only samples not in them are packed
         outcome = pack_source(catalog_path, lengths_path, bins_path, rejects_path,
@@ -76,9 +75,8 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         if not bins.packed:
             reasons = reasons_in(rejects_path, status_column=None)
             raise nothing_left(source, "packing", reasons, reject_counts_md(0, rejected))
-        published = vlm_config.publish(context, "packing_bins")
     max_token_len = app.sample.max_token_len
-    yield dg.MaterializeResult(**versioned({
+    yield dg.MaterializeResult(**build.result({
         "bins_path": dg.MetadataValue.path(str(bins_path)),
         "rejects_path": dg.MetadataValue.path(str(rejects_path)),
         "bins": bins.bins,
@@ -89,8 +87,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         "outcomes": dg.MetadataValue.md(reject_counts_md(bins.packed, rejected)),
         "length_histogram": dg.MetadataValue.md(length_histogram_md(bins.lengths, max_token_len)),
         "fill_summary": dg.MetadataValue.md(fill_summary_md(bins, max_token_len)),
-        **published,
-    }, fingerprint))
+    }))
     yield from checks.packing_bins_results(catalog_path, bins_path, rejects_path, bins, app)
 
 
@@ -103,12 +100,12 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
 def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     app, layout = vlm_config.app, vlm_config.layout
     source = _source(context, vlm_config)
-    fingerprint = vlm_config.fingerprint(context, "packed_json")
+    build = vlm_config.build(context)
     path = layout.packed_json(source)
     sample_type = app.sample_type_of(vlm_config.source(source))
     processes = step_processes()
     bins_path = layout.bins(source)
-    with vlm_config.locked_for(context):
+    with build.writing():
         with atomic_open(path, "wb") as handle:
             # packing.mode append: the records of the bins kept first are kept as they are (their
             # shards are too), copied as they are checked.
@@ -119,17 +116,15 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
             with SampleLookup(layout.catalog(source), RECORD_COLUMNS, near=path, only=needed) as samples:
                 count = kept + write_packed_jsonl(source, itertools.islice(iter_bins(bins_path), kept, None), samples,
                                                   sample_type, handle, processes)
-        published = vlm_config.publish(context, "packed_json")
     context.log.info(f"{source}: {count} packed records -> {path}" + (f" ({kept} kept)" if kept else "")
                      + (f" ({processes} processes)" if processes > 1 else ""))
-    return dg.MaterializeResult(**versioned({
+    return dg.MaterializeResult(**build.result({
         "path": dg.MetadataValue.path(str(path)),
         "records": count,
         "records_kept": kept,
         "sample_type": sample_type,
         "processes": processes,
-        **published,
-    }, fingerprint))
+    }))
 
 
 @spec_asset(
@@ -143,7 +138,7 @@ def packed_json(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.
 def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
     app, layout = vlm_config.app, vlm_config.layout
     source = _source(context, vlm_config)
-    fingerprint = vlm_config.fingerprint(context, "packed_wds_shards")
+    build = vlm_config.build(context)
     jsonl_path = layout.packed_json(source)
     directory = layout.packed_wds(source)
     written = 0
@@ -162,7 +157,7 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
                 last_log = time.monotonic()
 
     processes = step_processes()
-    with vlm_config.locked_for(context):
+    with build.writing():
         if context.run.tags.get(FORCE_TAG) == "true":
             layout.checked_shards(source).unlink(missing_ok=True)  # `run --force` reads every shard again
         checked = CheckedShards(layout.checked_shards(source))
@@ -178,11 +173,10 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         context.log.info(f"{source}: {plural(written, 'sample')} in {plural(len(shards), 'shard')} -> {directory}"
                          + (f" ({processes} processes)" if processes > 1 else ""))
         members_result = checks.shard_members_result(list_shards(directory), jsonl_path, processes, checked)
-        published = vlm_config.publish(context, "packed_wds_shards")
     table = ["| shard | samples | bytes |", "|---|---:|---:|"] + [
         f"| {shard.path.name} | {len(shard.keys)} | {shard.size} |" for shard in shards
     ]
-    yield dg.MaterializeResult(**versioned({
+    yield dg.MaterializeResult(**build.result({
         "directory": dg.MetadataValue.path(str(directory)),
         "shards": len(shards),
         "shards_kept": len(list_shards(directory)) - len(shards),
@@ -191,8 +185,7 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         "bytes": sum(shard.size for shard in shards),
         "shard_paths": dg.MetadataValue.json([str(shard.path) for shard in shards]),
         "shard_table": dg.MetadataValue.md("\n".join(table)),
-        **published,
-    }, fingerprint))
+    }))
     yield members_result
 
 
@@ -206,25 +199,24 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
     layout = vlm_config.layout
     source = vlm_config.source(context.partition_key)
     root = layout.packed_wds(source.name)
-    fingerprint = vlm_config.fingerprint(context, "energon_dataset")
+    build = vlm_config.build(context)
     subflavors = source_subflavors(vlm_config.app, source)
     # Everything it writes is under the source's folder: other sources' metadata is never touched.
     record_path = layout.energon_prepared(source.name)
     forced = context.run.tags.get(FORCE_TAG) == "true"  # `run --force` indexes every shard again
     previous = None if forced else PreparedRecord.load(record_path)
-    with vlm_config.locked_for(context):
+    with build.writing():
         shards = list_shards(root)
         context.log.info(f"{source.name}: preparing Energon metadata over {plural(len(shards), 'shard')} in {root}")
         dataset = prepare_energon_dataset(root, shards, subflavors, previous=previous)
         dataset.record.save(record_path)
-        published = vlm_config.publish(context, "energon_dataset")
     if dataset.kept_shards:
         context.log.info(f"{source.name}: kept the index entries of the {plural(dataset.kept_shards, 'shard')} "
                          f"indexed before; Energon read only the {plural(len(shards) - dataset.kept_shards, 'new shard')}")
     else:
         context.log.info(f"{source.name}: Energon read every shard: {'forced' if forced else dataset.read_in_full}")
     context.log.info(f"{source.name}: Energon indexed {plural(dataset.sample_count, 'sample')} -> {dataset.meta_dir}")
-    return dg.MaterializeResult(**versioned({
+    return dg.MaterializeResult(**build.result({
         "path": dg.MetadataValue.path(str(root)),
         "meta_dir": dg.MetadataValue.path(str(dataset.meta_dir)),
         "shards": len(dataset.shards),
@@ -232,8 +224,7 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
         "samples": dataset.sample_count,
         "index_uuid": dataset.record.index_uuid,
         "subflavors": dg.MetadataValue.json(subflavors),
-        **published,
-    }, fingerprint))
+    }))
 
 
 @spec_asset(
@@ -245,10 +236,10 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
 )
 def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
     layout = vlm_config.layout
-    fingerprint = vlm_config.fingerprint(context, "training_mix")
+    build = vlm_config.build(context)
     sources, left_out = vlm_config.mix_sources(context.log)
     path = layout.metadataset
-    with vlm_config.locked_for(context):
+    with build.writing():
         try:
             entries = mix_entries(vlm_config.app, sources, layout)
         except MixError as error:
@@ -260,10 +251,9 @@ def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         if legacy.is_dir():
             shutil.rmtree(legacy)
             context.log.info(f"removed {legacy}: each source now has its own Energon dataset")
-        published = vlm_config.publish(context, "training_mix")
     tokens = token_shares(entries)
     context.log.info("training mix: " + ", ".join(f"{e.source} {tokens[e.source]:.1%} of tokens" for e in entries))
-    return dg.MaterializeResult(**versioned({
+    return dg.MaterializeResult(**build.result({
         "path": dg.MetadataValue.path(str(path)),
         "sources": len(entries),
         "blended_sources": len(blended(entries)),
@@ -274,5 +264,4 @@ def training_mix(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         "tokens_by_source": dg.MetadataValue.json({entry.source: entry.tokens for entry in entries}),
         "subflavors": dg.MetadataValue.json({entry.source: entry.subflavors for entry in entries}),
         "left_out": dg.MetadataValue.json(left_out),
-        **published,
-    }, fingerprint))
+    }))
