@@ -196,7 +196,7 @@ def spec_of(asset: str) -> AssetSpec:
 
 def source_lineage() -> list[str]:
     """What a new source needs built, in order: every asset partitioned by source."""
-    return [spec.name for spec in ASSET_SPECS if spec.partitioning is Partitioning.SOURCES]
+    return [spec.name for spec in SPECS.values() if spec.partitioning is Partitioning.SOURCES]
 
 
 # `run --select` names an asset, or one partition of it as `asset[partition]`.

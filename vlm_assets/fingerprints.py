@@ -30,7 +30,7 @@ from pathlib import Path
 from stat import S_ISLNK
 from typing import Any
 
-from vlm_assets.asset_specs import ASSET_SPECS
+from vlm_assets.asset_specs import SPECS, Partitioning
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.frames.plan import (
     PLAN_FILE,
@@ -56,7 +56,7 @@ def digest(*parts: Any) -> str:
 def _settings(app: AppConfig, processor_fingerprint: str) -> dict[str, Any]:
     """The global config values each asset's step reads (per-source ones are inputs, see Fingerprints)."""
     return {spec.name: [processor_fingerprint, *spec.settings(app)] if spec.reads_processor else spec.settings(app)
-            for spec in ASSET_SPECS}
+            for spec in SPECS.values()}
 
 
 def code_versions(app: AppConfig, processor_fingerprint: str) -> dict[str, str]:
@@ -64,7 +64,7 @@ def code_versions(app: AppConfig, processor_fingerprint: str) -> dict[str, str]:
     if app.storage_url is not None:
         # Published there too: moving the root publishes everything again.
         settings = {name: [*values, str(app.storage_url)] for name, values in settings.items()}
-    return {spec.name: f"r{spec.revision}-{digest(settings[spec.name])[:12]}" for spec in ASSET_SPECS}
+    return {spec.name: f"r{spec.revision}-{digest(settings[spec.name])[:12]}" for spec in SPECS.values()}
 
 
 # (files, bytes, newest mtime) of the files a source's records are read from: changes while they are read.
@@ -294,7 +294,18 @@ class Fingerprints:
 
     def of(self, asset: str, partition: str | None = None) -> str:
         """The fingerprint `asset` (`partition`) has when built now from its upstreams as recorded."""
-        return getattr(self, f"_{asset}")(partition)
+        inputs = getattr(self, f"_{asset}", None)
+        return inputs(partition) if inputs is not None else self._from_upstream(asset, partition)
+
+    def _from_upstream(self, asset: str, partition: str | None) -> str:
+        """An asset whose step reads only its upstream outputs: the same partition of a partitioned
+        upstream partitioned alike, else the upstream as a whole (the assets above spell out what
+        else their steps read)."""
+        spec = SPECS[asset]
+        upstream = [self.recorded(name, partition if SPECS[name].partitioning is spec.partitioning
+                                  and spec.partitioning is not Partitioning.NONE else None)
+                    for name in spec.upstream]
+        return self._of(asset, partition, upstream)
 
     # -- per source ------------------------------------------------------------------------------
     def source_files(self, source: str) -> str:

@@ -1,6 +1,9 @@
+"""Catalogue domain: the sources' files → `sample_catalog` → `sample_length_chunk` → `sample_lengths` (per source)."""
+
 import dagster as dg
 
-from vlm_assets.defs.catalog.assets import lengths_match_processor, sample_catalog, sample_length_chunk, sample_lengths
-from vlm_assets.defs.catalog.source_files import source_files
+from vlm_assets.defs.catalog import assets, source_files
 
-defs = dg.Definitions(assets=[source_files, sample_catalog, sample_length_chunk, sample_lengths], asset_checks=[lengths_match_processor])
+# Every asset and check the modules define: a new one is picked up where it is written.
+defs = dg.Definitions(assets=dg.load_assets_from_modules([source_files, assets]),
+                      asset_checks=dg.load_asset_checks_from_modules([assets]))

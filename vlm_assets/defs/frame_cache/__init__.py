@@ -2,10 +2,8 @@
 
 import dagster as dg
 
-from vlm_assets.defs.frame_cache.assets import frame_cache_index, frame_cache_shard, video_frame_plan
-from vlm_assets.defs.frame_cache.checks import frame_cache_covers_plan, frame_cache_shard_matches_record
+from vlm_assets.defs.frame_cache import assets, checks
 
-defs = dg.Definitions(
-    assets=[video_frame_plan, frame_cache_shard, frame_cache_index],
-    asset_checks=[frame_cache_shard_matches_record, frame_cache_covers_plan],
-)
+# Every asset and check the modules define: a new one is picked up where it is written.
+defs = dg.Definitions(assets=dg.load_assets_from_modules([assets]),
+                      asset_checks=dg.load_asset_checks_from_modules([assets, checks]))

@@ -2,7 +2,8 @@
 
 import dagster as dg
 
-from vlm_assets.defs.package.assets import training_package
-from vlm_assets.defs.package.checks import package_verifies
+from vlm_assets.defs.package import assets, checks
 
-defs = dg.Definitions(assets=[training_package], asset_checks=[package_verifies])
+# Every asset and check the modules define: a new one is picked up where it is written.
+defs = dg.Definitions(assets=dg.load_assets_from_modules([assets]),
+                      asset_checks=dg.load_asset_checks_from_modules([assets, checks]))

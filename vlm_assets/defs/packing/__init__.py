@@ -1,18 +1,9 @@
+"""Packing domain: `packing_bins` → `packed_json` → `packed_wds_shards` → `energon_dataset` (per source) → `training_mix`."""
+
 import dagster as dg
 
-from vlm_assets.defs.packing.assets import (
-    energon_dataset,
-    packed_json,
-    packed_wds_shards,
-    packing_bins,
-    training_mix,
-)
-from vlm_assets.defs.packing.checks import (
-    energon_loads_every_sample,
-    training_mix_draws_match_weights,
-)
+from vlm_assets.defs.packing import assets, checks
 
-defs = dg.Definitions(
-    assets=[packing_bins, packed_json, packed_wds_shards, energon_dataset, training_mix],
-    asset_checks=[energon_loads_every_sample, training_mix_draws_match_weights],
-)
+# Every asset and check the modules define: a new one is picked up where it is written.
+defs = dg.Definitions(assets=dg.load_assets_from_modules([assets]),
+                      asset_checks=dg.load_asset_checks_from_modules([assets, checks]))
