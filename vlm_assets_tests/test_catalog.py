@@ -319,7 +319,7 @@ def test_a_source_that_changes_or_vanishes_while_read_publishes_no_catalogue(tmp
     from PIL import Image
 
     from vlm_assets.catalog.table import SourceChangedError, write_catalog
-    from vlm_assets.fingerprints import source_snapshot, walk_source
+    from vlm_assets.catalog.source_walk import source_snapshot, walk_source
 
     source_dir = tmp_path / "entry"
     source_dir.mkdir()

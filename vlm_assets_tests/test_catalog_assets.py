@@ -109,7 +109,7 @@ def test_a_model_type_other_than_the_processors_fails_sample_lengths_naming_both
 
 def test_the_catalogue_starts_from_the_last_observation_of_its_files_and_walks_them_again_when_they_moved_on(tmp_path):
     from vlm_assets.defs.catalog.source_files import observed_source_files
-    from vlm_assets.fingerprints import walk_source
+    from vlm_assets.catalog.source_walk import walk_source
 
     vlm_config = _text_source_config(tmp_path, ["<image> one?", "<image> two?"])
     source = vlm_config.source("src")

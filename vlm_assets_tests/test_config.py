@@ -92,9 +92,9 @@ def test_config_from_environment(tmp_path, monkeypatch):
 def test_a_sources_kind_is_part_of_what_its_catalogue_is_built_from(tmp_path):
     from dataclasses import replace
 
-    from vlm_assets.fingerprints import source_files_digest
+    from vlm_assets.catalog.source_walk import walk_source
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "0.json").write_text("{}")
     flat = SourceConfig("s", "flat_dir", tmp_path / "src", tmp_path / "src")
-    assert source_files_digest(flat, []) != source_files_digest(replace(flat, kind="wds"), [])
+    assert walk_source(flat, []).digest != walk_source(replace(flat, kind="wds"), []).digest

@@ -208,7 +208,8 @@ def test_a_source_walk_digests_every_file_once_by_path_name_size_and_mtime(tmp_p
     from stat import S_ISREG
 
     from vlm_assets.config import SourceConfig
-    from vlm_assets.fingerprints import digest, walk_source
+    from vlm_assets.catalog.source_walk import walk_source
+    from vlm_assets.fingerprints import digest
 
     media = tmp_path / "media"
     (media / "nested" / "deeper").mkdir(parents=True)
@@ -229,7 +230,7 @@ def test_a_source_walk_digests_every_file_once_by_path_name_size_and_mtime(tmp_p
 
 def test_a_source_snapshot_split_among_processes_counts_every_file_once(tmp_path):
     from vlm_assets.config import SourceConfig
-    from vlm_assets.fingerprints import source_snapshot, walk_source
+    from vlm_assets.catalog.source_walk import source_snapshot, walk_source
 
     media = tmp_path / "media"
     (media / "nested").mkdir(parents=True)

@@ -25,7 +25,7 @@ from vlm_assets.config import ConfigError, load_config
 from vlm_assets.defs.catalog.assets import sample_catalog, sample_lengths
 from vlm_assets.defs.packing.assets import packed_json, packed_wds_shards, packing_bins
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, HFProcessor, VlmConfig
-from vlm_assets.fingerprints import walk_source
+from vlm_assets.catalog.source_walk import walk_source
 from vlm_assets.layout import OWNER_NAME, StorageLayout
 from vlm_assets.object_store import (
     MULTIPART_BYTES, REQUESTS, ObjectURL, client, head, list_objects, read_object, read_range, read_start,

@@ -33,7 +33,7 @@ from vlm_assets.catalog.readers.flat_dir import folder_listing
 from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK
 from vlm_assets.catalog.seen_ids import SeenIds
 from vlm_assets.config import SourceConfig
-from vlm_assets.fingerprints import Snapshot, source_snapshot
+from vlm_assets.catalog.source_walk import Snapshot, source_snapshot
 from vlm_assets.object_store import exists, location_stamp, resolved
 from vlm_assets.parallel import helper_processes
 from vlm_assets.wording import shortened
@@ -114,7 +114,7 @@ def write_catalog(
     path, the catalogue of a JSON-lines source is extended by its appended lines, and that of a
     flat_dir source by its added record files, when it can be (vlm_assets.catalog.appending and
     .appended_files, under the reading `settings`); the mark is written after. `before`: the source's
-    snapshot when it was last walked (vlm_assets.fingerprints.walk_source), if that walk came before
+    snapshot when it was last walked (vlm_assets.catalog.source_walk.walk_source), if that walk came before
     this call; otherwise it is walked here. `read_in_full`: why the catalogue is not to be extended.
     """
     # The check of the kept rows' media and the walk after reading share the build's spawned helpers.

@@ -44,7 +44,8 @@ from vlm_assets.tokens.lengths import SampleForLength
 from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, processor_profile
 from vlm_assets.tokens.processor import transformers_version
 from vlm_assets.config import SourceConfig
-from vlm_assets.fingerprints import Fingerprints, Snapshot
+from vlm_assets.catalog.source_walk import Snapshot
+from vlm_assets.fingerprints import Fingerprints
 from vlm_assets.tokens.chunk_plan import ChunkPlan, chunk_index_key, plan_chunks, split_chunk_partition
 from vlm_assets.tokens.table import ChunkStore, LengthTableSummary, rows_to_recheck, write_length_table
 from vlm_assets.wording import md_cell, plural

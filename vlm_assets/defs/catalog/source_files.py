@@ -1,7 +1,7 @@
 """`source_files`: the files of each source, as Dagster sees them change.
 
 An external asset partitioned like the sources. Its observations carry the digest of the source's
-files (vlm_assets.fingerprints.source_files_digest) as data version, so the UI marks a source's
+files (vlm_assets.catalog.source_walk.walk_source) as data version, so the UI marks a source's
 catalogue stale after its files change, exactly when `vlm-assets run` would rebuild it. Whoever
 walks a source records what it found: `vlm-assets run` before it judges what to build, the
 catalogue step before it reads, and source_files_sensor for a user who only runs the UI. An
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import dagster as dg
 
 from vlm_assets.config import SourceConfig
-from vlm_assets.fingerprints import SourceFiles
+from vlm_assets.catalog.source_walk import SourceFiles
 from vlm_assets.defs.resources import SOURCES_PARTITIONS
 from vlm_assets.defs.tags import DATA_VERSION_TAG
 
@@ -57,7 +57,7 @@ def observed_source_files(instance: dg.DagsterInstance, source: str) -> SourceFi
     return SourceFiles(observation.data_version, (files, size, newest))
 
 
-# The snapshot of a source's files (vlm_assets.fingerprints.Snapshot), in an observation's metadata.
+# The snapshot of a source's files (vlm_assets.catalog.source_walk.Snapshot), in an observation's metadata.
 _SNAPSHOT_KEYS = ("files_read", "bytes_read", "newest_mtime_ns")
 
 
