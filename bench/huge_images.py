@@ -28,7 +28,8 @@ OUT = ROOT / "bench" / "out" / "huge_images"
 STEP = r"""
 import json, sys
 from pathlib import Path
-from vlm_assets.catalog.build import MediaValidator, read_catalog
+from vlm_assets.catalog.build import MediaValidator
+from vlm_assets_tests.catalog_support import read_catalog
 from vlm_assets.catalog.table import write_catalog
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength

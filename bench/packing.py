@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from vlm_assets.packing.binpack import best_fit_decreasing, first_fit_decreasing, lower_bound
+from vlm_assets.packing.binpack import best_fit_decreasing, lower_bound
+from vlm_assets_tests.packing_support import first_fit_decreasing
 
 TARGET_RATIO = 1.005
 TARGET_SECONDS_PER_MILLION = 10.0

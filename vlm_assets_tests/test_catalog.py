@@ -2,7 +2,8 @@ import json
 import tarfile
 from pathlib import Path
 
-from vlm_assets.catalog.build import MediaValidator, build_catalog, iter_catalog_chunks
+from vlm_assets.catalog.build import MediaValidator, iter_catalog_chunks
+from vlm_assets_tests.catalog_support import build_catalog
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.messages import normalize_record
 from vlm_assets.config import SourceConfig

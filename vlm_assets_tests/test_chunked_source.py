@@ -18,19 +18,21 @@ import pytest
 import yaml
 from PIL import Image
 
-from vlm_assets.catalog.build import MediaValidator, build_catalog, iter_catalog_chunks, read_catalog
+from vlm_assets.catalog.build import MediaValidator, iter_catalog_chunks
+from vlm_assets_tests.catalog_support import build_catalog, read_catalog
 from vlm_assets.catalog.lookup import SampleLookup
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
-from vlm_assets.packing.records import RECORD_COLUMNS, samples_by_id
+from vlm_assets.packing.records import RECORD_COLUMNS
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, ordered_map, step_processes
 from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.consumer import CountingRule
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
 from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, POOL_MIN_CHUNKS, ChunkStore, rows_to_recheck, sample_kind, write_length_table
+from vlm_assets_tests.packing_support import samples_by_id
 from vlm_assets_tests.run_support import initialised_home, run, start_run
 
 MODEL = ModelConfig(processor_kwargs={"min_pixels": 3136, "max_pixels": 1003520})

@@ -49,7 +49,7 @@ def test_a_local_processor_directory_can_be_configured(tmp_path, demo_app):
     """Any HF processor directory works: here a copy of the embedded one, with processor_kwargs applied."""
     import shutil
 
-    from vlm_assets.catalog.build import build_catalog
+    from vlm_assets_tests.catalog_support import build_catalog
     from vlm_assets.config import ModelConfig, parse_config
     from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
     from vlm_assets.tokens.processor import embedded_processor_dir, load_processor

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlm_assets.catalog.build import MediaValidator, build_catalog
+from vlm_assets.catalog.build import MediaValidator
+from vlm_assets_tests.catalog_support import build_catalog
 from vlm_assets.catalog.images import decoded_rgb
 from vlm_assets.catalog.media_checks import MediaCheckLog
 from vlm_assets.config import DEFAULT_MAX_IMAGE_PIXELS, ConfigError, FrameCacheConfig, SourceConfig, load_config
@@ -70,7 +71,7 @@ def test_cataloguing_a_sample_naming_a_huge_image_four_times_never_decodes_it(tm
         "from pathlib import Path\n"
         "from PIL import Image\n"
         "warnings.simplefilter('error', Image.DecompressionBombWarning)\n"
-        "from vlm_assets.catalog.build import build_catalog\n"
+        "from vlm_assets_tests.catalog_support import build_catalog\n"
         "from vlm_assets.config import SourceConfig\n"
         "folder = Path(sys.argv[1])\n"
         "frame = build_catalog(SourceConfig('s', 'flat_dir', folder, folder))\n"

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from vlm_assets.catalog.build import build_catalog
+from vlm_assets_tests.catalog_support import build_catalog
 from vlm_assets.config import ConfigError, SourceConfig, load_config
 from vlm_assets.defs.catalog.assets import sample_catalog
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from PIL import Image
 
-from vlm_assets.catalog.build import build_catalog
+from vlm_assets_tests.catalog_support import build_catalog
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, measure_samples, oriented_image_size
 from vlm_assets.tokens.profile import prove_fast_path

@@ -5,7 +5,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from vlm_assets.catalog.build import build_catalog
+from vlm_assets_tests.catalog_support import build_catalog
 from vlm_assets.catalog.table import REASON_CHARS, reason_kind
 from vlm_assets.config import SourceConfig
 from vlm_assets.defs.catalog.assets import SHOWN_REASONS, reason_table_md

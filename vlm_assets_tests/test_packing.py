@@ -27,11 +27,7 @@ from vlm_assets.defs.packing.assets import energon_dataset, packed_json, packed_
 from vlm_assets.defs.packing.checks import energon_loads_every_sample
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.layout import StorageLayout
-from vlm_assets.packing.binpack import (
-    best_fit_decreasing,
-    first_fit_decreasing,
-    lower_bound,
-)
+from vlm_assets.packing.binpack import best_fit_decreasing, lower_bound
 from vlm_assets.packing.energon import prepare_energon_dataset
 from vlm_assets.packing.energon_loader import load_all_ids
 from vlm_assets.packing.plan import (
@@ -44,13 +40,7 @@ from vlm_assets.packing.plan import (
     PackingInputError,
 )
 from vlm_assets.packing.sample_ids import IdIndex
-from vlm_assets.packing.records import (
-    build_records,
-    read_records,
-    record_id,
-    samples_by_id,
-    write_jsonl,
-)
+from vlm_assets.packing.records import build_records, record_id, write_jsonl
 from vlm_assets.packing.verify import (
     CheckedShards,
     MemberCheck,
@@ -58,7 +48,7 @@ from vlm_assets.packing.verify import (
     check_shard_members,
 )
 from vlm_assets.packing.wds import list_shards, write_shards
-from vlm_assets_tests.packing_support import pack_files, pack_frames
+from vlm_assets_tests.packing_support import first_fit_decreasing, pack_files, pack_frames, read_records, samples_by_id
 
 MAX = 100
 
@@ -170,7 +160,7 @@ def mix_layout(media) -> StorageLayout:
 
 
 def _catalog(layout: StorageLayout, source: str) -> pd.DataFrame:
-    from vlm_assets.catalog.build import read_catalog
+    from vlm_assets_tests.catalog_support import read_catalog
 
     return read_catalog(layout.catalog(source))
 
@@ -558,8 +548,8 @@ KILL_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from vlm_assets.catalog.build import read_catalog
-    from vlm_assets.packing.records import read_records, samples_by_id
+    from vlm_assets_tests.catalog_support import read_catalog
+    from vlm_assets_tests.packing_support import read_records, samples_by_id
     from vlm_assets.packing.wds import write_shards
 
     jsonl, catalog, out = sys.argv[1:4]

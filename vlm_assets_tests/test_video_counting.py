@@ -18,7 +18,8 @@ import av
 import numpy as np
 import pytest
 
-from vlm_assets.catalog.build import MediaValidator, build_catalog
+from vlm_assets.catalog.build import MediaValidator
+from vlm_assets_tests.catalog_support import build_catalog
 from vlm_assets.config import SourceConfig
 from vlm_assets.frames.decode import FrameResizer, read_sampled_frames
 from vlm_assets.frames.index import write_index

@@ -68,41 +68,6 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> Bins:
     return _group(order, _assign(sizes[order], capacity))
 
 
-def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> Bins:
-    """Plain first-fit decreasing (the baseline benchmarks compare against).
-
-    Uses a max-segment-tree over bin remainders to find the first bin that fits.
-    """
-    values = np.asarray(lengths, dtype=np.int64)
-    if values.size == 0:
-        return _group(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    order = np.argsort(-values, kind="stable")
-    size = 1
-    while size < values.size:
-        size *= 2
-    tree = [0] * (2 * size)
-    bin_of_item = []
-    opened = 0
-    for length in values[order].tolist():
-        if tree[1] >= length:
-            node = 1
-            while node < size:
-                node = 2 * node if tree[2 * node] >= length else 2 * node + 1
-            target = node - size
-        else:
-            target = opened
-            opened += 1
-            node = target + size
-            tree[node] = capacity
-        tree[node] -= length
-        node //= 2
-        while node:
-            tree[node] = max(tree[2 * node], tree[2 * node + 1])
-            node //= 2
-        bin_of_item.append(target)
-    return _group(order, np.asarray(bin_of_item, dtype=np.int64))
-
-
 def _assign(sizes: np.ndarray, capacity: int) -> np.ndarray:
     """Best-fit bin number for each size, in the given (decreasing) order."""
     open_bins: list[list[int]] = [[] for _ in range(capacity + 1)]

@@ -23,15 +23,12 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from vlm_assets.catalog import lookup
 from vlm_assets.catalog.media import media_extension
 from vlm_assets.catalog.schema import media_type_of
 from vlm_assets.parallel import ordered_map
-
-if TYPE_CHECKING:  # shard chunk processes start faster without pandas
-    import pandas as pd
 
 SINGLE_IMAGE_SAMPLE_TYPES = frozenset({"packed_vqa", "packed_captioning"})
 MEMBER_PREFIX = {"image": "img", "video": "vid"}
@@ -84,12 +81,6 @@ def turns_of(conversation: list[dict[str, Any]], role: str) -> list[str]:
 # The catalogue columns a packed record is made of.
 RECORD_COLUMNS = ("messages", "media_files", "media_kinds", "media_refs", "media_keys")
 SampleRows = Mapping[str, Mapping[str, Any]]  # sample id -> {catalogue column: value}
-
-
-def samples_by_id(catalog: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """An in-memory SampleRows of a whole catalogue (vlm_assets.catalog.lookup keeps a big one on disk)."""
-    columns = [column for column in RECORD_COLUMNS if column in catalog]
-    return catalog.set_index("sample_id")[columns].to_dict("index")
 
 
 def build_records(
@@ -223,13 +214,6 @@ def _encode_chunk(chunk: tuple[str, str, list[PackedBin]]) -> tuple[int, bytes]:
     records = [encode_record(packed.record) + b"\n"
                for packed in build_records(source, bins, lookup.attached(), sample_type)]
     return len(records), b"".join(records)
-
-
-def read_records(jsonl_path: Path, samples: SampleRows) -> Iterator[PackedRecord]:
-    """Packed records from `packed_json`, with each member's media ref looked up in `samples` (media_refs)."""
-    with open(jsonl_path, "rb") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            yield record_of_line(line, samples, jsonl_path, line_number)
 
 
 def record_of_line(line: bytes, samples: SampleRows, jsonl_path: Path, line_number: int) -> PackedRecord:
