@@ -177,8 +177,8 @@ def kept_records(path: Path, bins: Iterable[PackedBin], source: str, sample_type
         bins = iter(bins)
         for line in handle:
             packed_bin = next(bins, None)
-            # Compared as the bytes encode_record writes them (its keys in this order, first):
-            # parsing a million samples' conversations to read three fields took seconds.
+            # Compared as the bytes encode_record writes them (its keys in this order, first), so
+            # a kept record's conversation is never parsed to read three fields.
             if packed_bin is None or not line.endswith(b"}\n") or not line.startswith(
                     _record_head(record_id(source, int(packed_bin[0])), sample_type, list(packed_bin[1]))):
                 if copy_to is not None:
