@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from frame_cache import CONFIG, bench_videos
 
 from vlm_assets.catalog.build import MediaValidator
-from vlm_assets.frames.decode import read_sampled_frames
+from vlm_assets.media.video import read_sampled_frames
 from vlm_assets.frames.plan import extend_plan
 from vlm_assets.frames.shard import build_shard
 from vlm_assets.frames.spool import MosaicSpool

@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vlm_assets.config import FrameCacheConfig  # noqa: E402
-from vlm_assets.frames.decode import FrameResizer, iter_sampled_frames, opened_video  # noqa: E402
+from vlm_assets.media.video import FrameResizer, iter_sampled_frames, opened_video  # noqa: E402
 from vlm_assets.frames.mosaic import encode_jpeg, tile_frames  # noqa: E402
 from vlm_assets.frames.plan import PlannedVideo, extend_plan  # noqa: E402
-from vlm_assets.frames.probe import VideoError, VideoProbe, probe_video  # noqa: E402
+from vlm_assets.media.video_probe import VideoError, VideoProbe, probe_video  # noqa: E402
 from vlm_assets.frames.shard import build_shard  # noqa: E402
 
 CONFIG = FrameCacheConfig(num_frames=64, frame_size=384, rows=4, cols=16, jpeg_quality=95, videos_per_shard=10_000)

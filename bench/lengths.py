@@ -3,11 +3,13 @@
     .venv/bin/python bench/lengths.py [--families qwen2_vl,gemma3] [--images 300] [--multi 100] [--videos 12]
                                       [--repeats 3] [--direct-repeats 1] [--generated N]
 
-Processors: the six families of vlm_assets_tests/processor_families.py (Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
-LLaVA-OneVision, InternVL, Gemma3), built offline once per run in a temp dir. Frame-cache shape: the
-product default FrameCacheConfig() (64 frames at 384²).
+Processors: the nine families of vlm_assets_tests/processor_families.py (Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+LLaVA-OneVision, InternVL, Gemma3, LLaVA-NeXT, Mistral3, GLM-4.1V), built offline once per run in a temp dir.
+Frame-cache shape: the product default FrameCacheConfig() (64 frames at 384²).
 
-Samples, catalogued by vlm_assets.catalog.build_catalog from flat_dir JSON records, one workload each:
+Samples, catalogued by vlm_assets_tests.catalog_support.build_catalog from flat_dir JSON records, one workload
+each (with a mosaic spool, as the pipeline's catalogue: its decoding pass keeps each clip's frame count, fps
+and sampled indices, which ours counts Qwen3-VL's clip times from; the catalogue is not timed, on either side):
   image        one image per sample
   multi_image  2-4 images per sample (all in the first turn, or spread over the turns)
   video        one video per sample, `<video>` in the text (skipped for a family whose processor takes no video)
@@ -17,8 +19,9 @@ of ../shared/data plus generated ones of many sizes, aspect ratios (panoramas, t
 ../shared/data in mp4, avi, mkv and mov (a clip the catalogue rejects is listed and left out).
 
 For each family and workload, in one run and side by side:
-  ours    LengthCounter(processor, FrameCacheConfig(), modalities=prove_fast_path(...)).count(samples): the fast
-          path where the family's probes proved it for the workload's modalities, the exact path otherwise
+  ours    LengthCounter(processor, FrameCacheConfig(), modalities=prove_fast_path(...),
+          clip_facts=spool.sampled).count(samples): the fast path where the family's probes proved it for the
+          workload's modalities, the exact path otherwise
   direct  a plain per-sample loop written here: apply_chat_template(tokenize=False), images by
           transformers' load_image passed as one group, each video as the frame cache's 64 frames at 384²
           (decode_sampled_frames) with do_sample_frames=False and its VideoMetadata, return_tensors="pt";
@@ -153,19 +156,28 @@ def make_records(workload: str, count: int, images: list[str], videos: list[str]
 
 
 def catalogue(root: Path, workload: str, records: list[dict]) -> tuple[list[tuple], list[tuple[str, str]]]:
-    """The records as catalogued samples (sample_id, messages, kinds, refs), and the rejected (id, reason)."""
-    from vlm_assets.catalog.build import build_catalog
-    from vlm_assets.config import SourceConfig
+    """The records as catalogued samples (sample_id, messages, kinds, refs), and the rejected (id, reason);
+    the videos' facts kept in the mosaic spool at `spool_dir(root)`."""
+    from vlm_assets.catalog.build import MediaValidator
+    from vlm_assets.config import FrameCacheConfig, SourceConfig
+    from vlm_assets.frames.spool import MosaicSpool
+    from vlm_assets_tests.catalog_support import build_catalog
 
     directory = root / workload
     directory.mkdir()
     for index, record in enumerate(records):
         (directory / f"{index:05d}.json").write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
-    frame = build_catalog(SourceConfig(workload, "flat_dir", directory, directory, allowed_roots=(root, SHARED)))
+    validator = MediaValidator(mosaic_spool=MosaicSpool(spool_dir(root), FrameCacheConfig()))
+    frame = build_catalog(SourceConfig(workload, "flat_dir", directory, directory, allowed_roots=(root, SHARED)),
+                          validator=validator)
     ok = frame[frame.status == "ok"]
     samples = [(r.sample_id, r.messages, list(r.media_kinds), list(r.media_refs)) for r in ok.itertuples()]
     rejected = [(r.sample_id, r.reason) for r in frame[frame.status != "ok"].itertuples()]
     return samples, rejected
+
+
+def spool_dir(root: Path) -> Path:
+    return root / "mosaic-spool"
 
 
 # ---- measurements (each in its own spawned process) ---------------------------------------------
@@ -208,9 +220,10 @@ def direct_length(processor, sample) -> tuple[str, str, int, str]:
     return sample_id, "ok", length, ""
 
 
-def measure(directory: str, method: str, samples: list[tuple], modalities: dict, repeats: int,
+def measure(directory: str, method: str, samples: list[tuple], modalities: dict, spool: str, repeats: int,
             results: mp.Queue) -> None:
     from vlm_assets.config import FrameCacheConfig
+    from vlm_assets.frames.spool import MosaicSpool
     from vlm_assets.tokens.lengths import LengthCounter, Modalities, SampleForLength
 
     processor = _load(directory)
@@ -218,9 +231,10 @@ def measure(directory: str, method: str, samples: list[tuple], modalities: dict,
     proven = Modalities(**modalities)
     if method == "ours":
         objects = [SampleForLength(*sample) for sample in samples]
+        clip_facts = MosaicSpool(Path(spool), frame_cache).sampled
 
         def one_pass(batch):
-            counter = LengthCounter(processor, frame_cache, modalities=proven)
+            counter = LengthCounter(processor, frame_cache, modalities=proven, clip_facts=clip_facts)
             if proven.fast_videos:
                 counter.video_tokens_per_clip  # as the product's length_counter: computed once, before counting
             return [(r.sample_id, r.status, r.token_len, r.reason) for r in counter.count(batch)]
@@ -288,7 +302,7 @@ def peak(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default="", help="comma-separated subset of the families (default: all six)")
+    parser.add_argument("--families", default="", help="comma-separated subset of the families (default: all nine)")
     parser.add_argument("--images", type=int, default=300, help="single-image samples")
     parser.add_argument("--multi", type=int, default=100, help="multi-image samples (2-4 images each)")
     parser.add_argument("--videos", type=int, default=12, help="video samples (one video each)")
@@ -352,8 +366,9 @@ def main() -> None:
                     continue
                 fast = modalities.counts_fast(WORKLOAD_KINDS[workload])
                 repeats = args.repeats if fast else args.direct_repeats
-                ours = in_process(measure, directories[family], "ours", samples, profile["modalities"], repeats)
-                direct = in_process(measure, directories[family], "direct", samples, profile["modalities"],
+                spool = str(spool_dir(root))
+                ours = in_process(measure, directories[family], "ours", samples, profile["modalities"], spool, repeats)
+                direct = in_process(measure, directories[family], "direct", samples, profile["modalities"], spool,
                                     args.direct_repeats)
                 n = len(samples)
                 equal, differences = compare(ours["lengths"], direct["lengths"])

@@ -434,7 +434,7 @@ def _read_objects(endpoint: str, keys: list[str], reader: str) -> None:
         for key in keys:
             s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
         return
-    from vlm_assets.catalog.media import FETCHED_BYTES
+    from vlm_assets.media.refs import FETCHED_BYTES
     from vlm_assets.object_store import ObjectURL, read_start
 
     os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=endpoint)

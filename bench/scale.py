@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vlm_assets.config import FrameCacheConfig  # noqa: E402
-from vlm_assets.frames.decode import opened_video  # noqa: E402
+from vlm_assets.media.video import opened_video  # noqa: E402
 from vlm_assets.frames.plan import extend_plan, shard_members  # noqa: E402
 from vlm_assets.frames.render import render_mosaic  # noqa: E402
 from vlm_assets.frames.shard import build_shard  # noqa: E402

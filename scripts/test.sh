@@ -2,7 +2,8 @@
 # Set up and run every test tier (what CI runs): check the import layers, validate the Dagster
 # definitions on the demo config, then pytest with all markers (plain `pytest` runs the fast tier
 # only). The whole demo graph with its asset checks is built once, by the session's reference run
-# (vlm_assets_tests/conftest.py), which test_cli_run.py checks for failed runs and checks.
+# (vlm_assets_tests/conftest.py), which test_cli_run.py checks for failed runs and checks; last, the
+# token-length tests under the oldest transformers release supported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -22,3 +23,7 @@ VLM_ASSETS_CONFIG="$work/demo/vlm_assets.yaml" DAGSTER_HOME="$work/home" \
 echo "== pytest, every tier"
 # A throwaway sqlite instance per test, even in a shell whose VLM_ASSETS_PG_* point at a real server.
 env -u VLM_ASSETS_PG_HOST .venv/bin/python -m pytest -q -m "" "$@"
+
+# The token-length tests again under the oldest transformers release supported (the run above had
+# the newest the range allows).
+bash scripts/test_transformers_oldest.sh

@@ -1,4 +1,4 @@
-"""Offline Hugging Face processor directories for six VLM families, built from transformers' own classes.
+"""Offline Hugging Face processor directories for nine VLM families, built from transformers' own classes.
 
 Each family gets the Qwen tiktoken BPE vocabulary (as the embedded processor does) plus that family's released
 special tokens, chat-template format, image/video processor classes and settings and processor arguments, saved
@@ -26,10 +26,11 @@ from vlm_assets.tokens.processor import (
     qwen_tiktoken_file,
 )
 
-FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl", "gemma3")
+FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl", "gemma3",
+                             "llava_next", "mistral3", "glm4v")
 
 # Bump when a family's build changes: a cached directory written by another version is rebuilt.
-BUILD_VERSION = "2"
+BUILD_VERSION = "3"
 VERSION_FILE = "vlm_assets_family_version.txt"
 
 FIRST_SPECIAL_ID = 151643  # the first id after the Qwen BPE ranks
@@ -57,6 +58,23 @@ INTERNVL_SPECIALS = QWEN2_5_SPECIALS + (
 GEMMA3_SPECIALS = (
     "<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>",
     "<start_of_image>", "<end_of_image>", "<image_soft_token>",
+)
+# Mistral's <unk>, <s> and </s> are ordinary tokens of Qwen's BPE: named as the tokenizer's bos/eos, <s> and
+# </s> become special with those ids; <unk> is left out as for Gemma 3.
+# llava-v1.6-mistral-7b-hf: Mistral-7B-Instruct-v0.2's tokens, then <image>=32000 and <pad>=32001.
+LLAVA_NEXT_SPECIALS = ("<image>", "<pad>")
+# Mistral-Small-3.1 (mistral3): the Tekken tokenizer's control tokens 3-19 in id order.
+MISTRAL3_SPECIALS = (
+    "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]",
+    "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]",
+)
+# GLM-4.1V-9B: the GLM-4 tokenizer's added tokens from <|endoftext|>=151329 to <|video|>=151344 (the config's
+# image and video ids are 151343 and 151344); where the thinking and box tokens sit is not confirmed, they go last.
+GLM4V_SPECIALS = (
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
+    "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>",
+    "<|image|>", "<|video|>", "<think>", "</think>", "<|begin_of_box|>", "<|end_of_box|>",
 )
 
 # Qwen2.5-VL's released template has the same format as Qwen2-VL's.
@@ -109,6 +127,50 @@ GEMMA3_CHAT_TEMPLATE = (
     "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}"
     "{% endfor %}{% endif %}<end_of_turn>\n"
     "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+# LLaVA-NeXT (llava-v1.6-mistral-7b-hf): Mistral's [INST] turns, a user turn's images first (each on its own
+# line), then its text; a system turn in <<SYS>>; an assistant turn after a space, ended by </s> and a space.
+# The tokenizer prepends <s>.
+LLAVA_NEXT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% set texts = [message['content']] if message['content'] is string "
+    "else message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | list %}"
+    "{% if message['role'] == 'system' %}<<SYS>>\n{{ texts | join('') }}\n<</SYS>>\n\n"
+    "{% elif message['role'] == 'user' %}[INST] "
+    "{% if message['content'] is not string %}"
+    "{% for content in message['content'] if content['type'] == 'image' %}<image>\n{% endfor %}{% endif %}"
+    "{{ texts | join('') }} [/INST]"
+    "{% elif message['role'] == 'assistant' %} {{ texts | join('') }}</s> "
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}"
+    "{% endfor %}"
+)
+# Mistral Small 3.1 (mistral3): <s>, then [SYSTEM_PROMPT] turns, [INST] user turns with an image as [IMG] in
+# place (the processor expands it), assistant turns ended by </s>. The release adds a default system prompt
+# carrying today's date, left out here so that a count does not depend on the day.
+MISTRAL3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}[SYSTEM_PROMPT]"
+    "{% elif message['role'] == 'user' %}[INST]{% endif %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}[IMG]{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% if message['role'] == 'system' %}[/SYSTEM_PROMPT]"
+    "{% elif message['role'] == 'user' %}[/INST]"
+    "{% else %}{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+)
+# GLM-4.1V: [gMASK]<sop>, then each turn as <|role|> and a newline; an image as <|begin_of_image|><|image|>
+# <|end_of_image|> and a video likewise (the processor expands <|image|> and <|video|>).
+GLM4V_CHAT_TEMPLATE = (
+    "[gMASK]<sop>{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<|begin_of_image|><|image|><|end_of_image|>"
+    "{% elif item['type'] == 'video' %}<|begin_of_video|><|video|><|end_of_video|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
@@ -224,7 +286,46 @@ def _gemma3_image_processor():
                                 resample=BILINEAR)
 
 
+# llava-v1.6-mistral-7b-hf's preprocessor_config.json.
+LLAVA_NEXT_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
+
+
+def _llava_next_image_processor():
+    from transformers import LlavaNextImageProcessor
+
+    return LlavaNextImageProcessor(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336},
+                                   image_mean=CLIP_MEAN, image_std=CLIP_STD, resample=BICUBIC, do_pad=True,
+                                   image_grid_pinpoints=LLAVA_NEXT_PINPOINTS)
+
+
+def _mistral3_image_processor():
+    from transformers import PixtralImageProcessor
+
+    # Mistral-Small-3.1-24B-Instruct-2503's preprocessor_config.json.
+    return PixtralImageProcessor(size={"longest_edge": 1540}, patch_size={"height": 14, "width": 14},
+                                 image_mean=CLIP_MEAN, image_std=CLIP_STD, resample=BICUBIC)
+
+
+def _glm4v_image_processor():
+    from transformers import Glm4vImageProcessor
+
+    # GLM-4.1V-9B-Thinking's preprocessor_config.json.
+    return Glm4vImageProcessor(size={"shortest_edge": 12544, "longest_edge": 9633792}, patch_size=14,
+                               temporal_patch_size=2, merge_size=2, image_mean=CLIP_MEAN, image_std=CLIP_STD,
+                               resample=BICUBIC)
+
+
+def _glm4v_video_processor():
+    from transformers import Glm4vVideoProcessor
+
+    # GLM-4.1V-9B-Thinking's video_preprocessor_config.json.
+    return Glm4vVideoProcessor(size={"shortest_edge": 12544, "longest_edge": 47040000}, patch_size=14,
+                               temporal_patch_size=2, merge_size=2, image_mean=CLIP_MEAN, image_std=CLIP_STD,
+                               resample=BICUBIC, fps=2)
+
+
 QWEN_TOKENIZER = dict(eos="<|im_end|>", pad="<|endoftext|>")
+MISTRAL_TOKENIZER = dict(eos="</s>", pad="<pad>", bos="<s>")
 SPECS: dict[str, FamilySpec] = {
     "qwen2_vl": FamilySpec(
         "Qwen2VLProcessor", TokenizerSpec(QWEN2_VL_SPECIALS, model_max_length=32768, **QWEN_TOKENIZER),
@@ -257,6 +358,23 @@ SPECS: dict[str, FamilySpec] = {
                       named={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
                              "image_token": "<image_soft_token>"}),
         GEMMA3_CHAT_TEMPLATE, _gemma3_image_processor, None, dict(image_seq_length=256)),
+    "llava_next": FamilySpec(
+        "LlavaNextProcessor",
+        TokenizerSpec(LLAVA_NEXT_SPECIALS, model_max_length=32768, add_bos_token=True, **MISTRAL_TOKENIZER),
+        LLAVA_NEXT_CHAT_TEMPLATE, _llava_next_image_processor, None,
+        # CLIP-ViT-L/14-336: 24x24 features per crop plus its CLS token, which "default" drops.
+        dict(patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1)),
+    "mistral3": FamilySpec(
+        "PixtralProcessor",
+        # The template writes <s>; the tokenizer adds none.
+        TokenizerSpec(MISTRAL3_SPECIALS, model_max_length=131072, **MISTRAL_TOKENIZER),
+        MISTRAL3_CHAT_TEMPLATE, _mistral3_image_processor, None,
+        # 14-pixel patches merged 2x2: one [IMG] per 28x28 pixels, [IMG_BREAK] after each row, [IMG_END] last.
+        dict(patch_size=14, spatial_merge_size=2)),
+    "glm4v": FamilySpec(
+        "Glm4vProcessor",
+        TokenizerSpec(GLM4V_SPECIALS, eos="<|endoftext|>", pad="<|endoftext|>", model_max_length=65536),
+        GLM4V_CHAT_TEMPLATE, _glm4v_image_processor, _glm4v_video_processor),
 }
 
 PROCESSOR_CLASSES: dict[str, str] = {family: spec.processor_class for family, spec in SPECS.items()}
@@ -362,7 +480,7 @@ def direct_length(processor: Any, sample: Any, frame_cache: Any) -> int:
     from transformers.video_utils import VideoMetadata
 
     from vlm_assets.catalog.messages import split_on_placeholders
-    from vlm_assets.frames.decode import decode_sampled_frames
+    from vlm_assets.media.video import decode_sampled_frames
 
     conversation = [{"role": message["role"], "content": split_on_placeholders(message["content"])}
                     for message in json.loads(sample.messages)]

@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from vlm_assets.catalog.media_checks import MediaCheckLog
+from vlm_assets.media.checks import MediaCheckLog
 from vlm_assets.config import load_config
 from vlm_assets.layout import StorageLayout
 from vlm_assets.locks import LOCK_DIR

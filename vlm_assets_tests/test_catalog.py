@@ -4,7 +4,7 @@ from pathlib import Path
 
 from vlm_assets.catalog.build import MediaValidator, iter_catalog_chunks
 from vlm_assets_tests.catalog_support import build_catalog
-from vlm_assets.catalog.media_checks import MediaCheckLog
+from vlm_assets.media.checks import MediaCheckLog
 from vlm_assets.catalog.messages import normalize_record
 from vlm_assets.config import SourceConfig
 
@@ -211,7 +211,7 @@ def test_unchanged_media_are_not_decoded_again(tmp_path, shared_data):
 
 
 def test_a_check_log_commits_what_it_proved_while_the_build_goes_on(tmp_path, shared_data, monkeypatch):
-    from vlm_assets.catalog import media_checks
+    from vlm_assets.media import checks as media_checks
 
     monkeypatch.setattr(media_checks, "COMMIT_EVERY_S", 0.0)
     source, _ = _media_source(tmp_path, shared_data)
@@ -236,7 +236,7 @@ def _refs(log_path: Path) -> list[str]:
 
 
 def test_a_finished_build_keeps_only_the_media_it_used(tmp_path):
-    from vlm_assets.catalog.media_checks import media_fingerprint
+    from vlm_assets.media.checks import media_fingerprint
 
     files = _two_media_files(tmp_path)
     log_path = tmp_path / "checks.sqlite"
@@ -271,7 +271,7 @@ def test_a_finished_build_keeps_only_the_media_it_used(tmp_path):
 
 
 def test_a_check_log_reader_sees_the_passes_and_leaves_what_it_proves_to_be_adopted(tmp_path):
-    from vlm_assets.catalog.media_checks import media_fingerprint
+    from vlm_assets.media.checks import media_fingerprint
 
     files = _two_media_files(tmp_path)
     log_path = tmp_path / "checks.sqlite"

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from vlm_assets.catalog.build import MediaValidator
-from vlm_assets.catalog.media_checks import MediaCheckLog
+from vlm_assets.media.checks import MediaCheckLog
 from vlm_assets.catalog.table import ROWS_PER_WRITE, write_catalog
 from vlm_assets.config import SourceConfig
 

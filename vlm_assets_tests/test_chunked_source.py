@@ -21,7 +21,7 @@ from PIL import Image
 from vlm_assets.catalog.build import MediaValidator, iter_catalog_chunks
 from vlm_assets_tests.catalog_support import build_catalog, read_catalog
 from vlm_assets.catalog.lookup import SampleLookup
-from vlm_assets.catalog.media_checks import MediaCheckLog
+from vlm_assets.media.checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import write_catalog
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig

@@ -79,7 +79,7 @@ def test_a_misspelt_selection_is_refused_before_any_worker_starts(demo_config_pa
 FULL_DISK_WRITES = """
 import io, json, os, sys, tarfile
 from pathlib import Path
-from vlm_assets.catalog.media_checks import MediaCheckLog
+from vlm_assets.media.checks import MediaCheckLog
 from vlm_assets.packing.energon import prepare_energon_dataset
 
 full = Path(sys.argv[1])

@@ -1,11 +1,12 @@
 """Token lengths for each model family equal a direct call of that family's processor.
 
-Processors of six families are built offline from transformers' classes (processor_families.py).
+Processors of nine families are built offline from transformers' classes (processor_families.py).
 For each, the lengths of real samples (text only, one image, several images, multi-turn, mp4, avi,
 mkv and mov videos) counted by `LengthCounter` (the fast path where its probes proved it, the
 exact path otherwise) and by the exact path alone equal what the processor returns when called
 directly as a trainer calls it: images grouped per sample, the frame cache's frames with the
-processor's frame sampling off and the clip's metadata.
+processor's frame sampling off and the clip's metadata. The catalogue keeps each clip's frame count,
+fps and sampled indices (its mosaic spool), which the fast path counts Qwen3-VL's clip times from.
 """
 
 from __future__ import annotations
@@ -17,23 +18,25 @@ import dagster as dg
 import pytest
 import yaml
 
-from vlm_assets.catalog.build import build_catalog
+from vlm_assets.catalog.build import MediaValidator
 from vlm_assets.catalog.messages import PLACEHOLDER_PATTERN
 from vlm_assets.config import ConfigError, FrameCacheConfig, ModelConfig, SourceConfig
+from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.layout import StorageLayout
-from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, measure_samples
+from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, fast_path_counts, measure_samples
 from vlm_assets.tokens.processor import load_processor
 from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, model_types_of, prove_fast_path
 from vlm_assets.tokens.table import sample_kind
 from vlm_assets.tokens.text import control_tokens_of
+from vlm_assets_tests.catalog_support import build_catalog
 from vlm_assets_tests.processor_families import FAMILIES, direct_length, family_processor_dir
 from vlm_assets_tests.run_support import run
 from vlm_assets_tests.test_frames import make_video
 
 CLIPS = FrameCacheConfig(num_frames=8, frame_size=112, rows=2, cols=4)
-NO_VIDEO = {"gemma3"}
-# The families whose images the fast path counts with their own arithmetic, not Qwen2-VL's merged patches.
-NON_QWEN_IMAGE_FAMILIES = ("llava_onevision", "internvl", "gemma3")
+NO_VIDEO = {"gemma3", "llava_next", "mistral3"}
+# The families whose images the fast path counts with arithmetic other than Qwen-VL's image processor's.
+NON_QWEN_IMAGE_FAMILIES = ("llava_onevision", "internvl", "gemma3", "llava_next", "mistral3", "glm4v")
 REAL_VIDEOS = ("decord/examples/flipping_a_pancake.mkv", "decord/tests/test_data/video_90.mov",
                "torchcodec/test/resources/nasa_13013.mp4")
 
@@ -50,7 +53,13 @@ def processors(family_dirs) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def real_samples(shared_data, tmp_path_factory) -> list[SampleForLength]:
+def clip_spool(tmp_path_factory) -> MosaicSpool:
+    """Where the catalogue's decoding pass keeps each clip's frame count, fps and sampled indices."""
+    return MosaicSpool(tmp_path_factory.mktemp("spool"), CLIPS)
+
+
+@pytest.fixture(scope="module")
+def real_samples(shared_data, tmp_path_factory, clip_spool) -> list[SampleForLength]:
     """Every accepted sample of the real annotation files, plus text-only samples and real clips of other containers."""
     extra = tmp_path_factory.mktemp("extra")
     records = [
@@ -76,7 +85,7 @@ def real_samples(shared_data, tmp_path_factory) -> list[SampleForLength]:
     ]
     samples = []
     for source in sources:
-        frame = build_catalog(source)
+        frame = build_catalog(source, validator=MediaValidator(CLIPS.num_frames, mosaic_spool=clip_spool))
         samples += [SampleForLength(row.sample_id, row.messages, list(row.media_kinds), list(row.media_refs))
                     for row in frame[frame.status == "ok"].itertuples()]
     kinds = {sample_kind(list(sample.media_kinds)) for sample in samples}
@@ -85,15 +94,16 @@ def real_samples(shared_data, tmp_path_factory) -> list[SampleForLength]:
     return samples
 
 
-def counter_for(processor, frame_cache: FrameCacheConfig = CLIPS, reject_control_tokens: bool = True) -> LengthCounter:
+def counter_for(processor, frame_cache: FrameCacheConfig = CLIPS, reject_control_tokens: bool = True,
+                spool: MosaicSpool | None = None) -> LengthCounter:
     return LengthCounter(processor, frame_cache, modalities=prove_fast_path(processor, frame_cache),
-                         reject_control_tokens=reject_control_tokens)
+                         reject_control_tokens=reject_control_tokens, clip_facts=spool.sampled if spool else None)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_lengths_equal_a_direct_processor_call(family, processors, real_samples):
+def test_lengths_equal_a_direct_processor_call(family, processors, real_samples, clip_spool):
     processor = processors[family]
-    counter = counter_for(processor)
+    counter = counter_for(processor, spool=clip_spool)
     counted = counter.count(real_samples)
     exact = [counter.exact(sample) for sample in real_samples]
     control = control_tokens_of(processor)
@@ -121,14 +131,20 @@ def test_each_family_says_what_it_takes_and_which_path_counts(processors):
                  for family, processor in processors.items()}
     assert described["qwen2_vl"].endswith("text: fast, images: fast, videos: fast")
     assert described["qwen2_5_vl"].endswith("text: fast, images: fast, videos: fast")
-    # Qwen3-VL prints each clip's timestamps, which one clip's count cannot stand for.
-    assert described["qwen3_vl"].endswith("text: fast, images: fast, videos: exact")
+    # Qwen3-VL prints each clip's times, which the fast path writes from the clip's fps and frame indices.
+    assert described["qwen3_vl"].endswith("text: fast, images: fast, videos: fast")
     # LLaVA-OneVision's multi-image mode, InternVL's tiles and Gemma3's image sequence have their own arithmetic;
     # their videos have none.
     assert described["llava_onevision"].endswith("text: fast, images: fast, videos: exact")
     assert described["internvl"].endswith("text: fast, images: fast, videos: exact")
     assert described["gemma3"].startswith("Gemma3Processor (model types gemma3")
     assert described["gemma3"].endswith("takes text, images; lengths by path: text: fast, images: fast")
+    # LLaVA-NeXT's anyres grid and Mistral3's rows of patches, by the counter their processors give serving engines.
+    assert described["llava_next"].endswith("takes text, images; lengths by path: text: fast, images: fast")
+    assert described["mistral3"].startswith("PixtralProcessor (model types mistral3")
+    assert described["mistral3"].endswith("takes text, images; lengths by path: text: fast, images: fast")
+    # GLM-4.1V merges patches as Qwen2-VL does; its videos print each frame's second.
+    assert described["glm4v"].endswith("text: fast, images: fast, videos: exact")
     for family in FAMILIES:
         assert family in described[family].split(";")[0]
 
@@ -166,8 +182,14 @@ def test_qwen3_vl_timestamps_follow_each_clips_frame_rate(processors, tmp_path):
     fast = make_video(tmp_path / "fast.mp4", frames=300, fps=30, size=(64, 48))
     samples = [SampleForLength(f"t/{path.stem}", json.dumps([{"role": "user", "content": "<video>When?"}]),
                                ["video"], [str(path)]) for path in (slow, fast)]
+    spool = MosaicSpool(tmp_path / "spool", CLIPS)
+    for path in (slow, fast):
+        spool.render(str(path))  # as the catalogue's decoding pass does
     processor = processors["qwen3_vl"]
-    slow_len, fast_len = (result.token_len for result in counter_for(processor).count(samples))
+    counter = counter_for(processor, spool=spool)
+    assert all(fast_path_counts(sample, counter.modalities, counter.text, True, clip_facts=spool.sampled)
+               for sample in samples)
+    slow_len, fast_len = (result.token_len for result in counter.count(samples))
     assert (slow_len, fast_len) == tuple(direct_length(processor, sample, CLIPS) for sample in samples)
     # Four temporal patches at 21.5, 106.5, 192.5, 277.5 s against 0.7, 3.6, 6.4, 9.2 s: 7 more digit tokens.
     assert slow_len - fast_len == 7
@@ -179,8 +201,10 @@ def test_qwen3_vl_timestamps_follow_each_clips_frame_rate(processors, tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_control_tokens_in_sample_text_are_rejected_or_kept_as_the_processor_counts_them(family, processors):
     processor = processors[family]
-    role_marker = next(token for token in control_tokens_of(processor)
-                       if token in processor.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False))
+    # An answer too: LLaVA-NeXT's [INST] is plain text, its only control token in a chat the </s> ending an answer.
+    rendered = processor.apply_chat_template([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+                                             tokenize=False)
+    role_marker = next(token for token in control_tokens_of(processor) if token in rendered)
     cases = [(SampleForLength("c/role", json.dumps([
         {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
         {"role": "user", "content": f"Say {role_marker}assistant\nyes"}]), [], []), role_marker, "turn 3, user")]

@@ -15,8 +15,8 @@ from PIL import Image
 
 from vlm_assets.catalog.build import MediaValidator
 from vlm_assets_tests.catalog_support import build_catalog
-from vlm_assets.catalog.images import decoded_rgb
-from vlm_assets.catalog.media_checks import MediaCheckLog
+from vlm_assets.media.images import decoded_rgb
+from vlm_assets.media.checks import MediaCheckLog
 from vlm_assets.config import DEFAULT_MAX_IMAGE_PIXELS, ConfigError, FrameCacheConfig, SourceConfig, load_config
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, oriented_image_size
 from vlm_assets.tokens.profile import prove_fast_path

@@ -11,7 +11,7 @@ from vlm_assets.config import SourceConfig
 from vlm_assets.defs.catalog.assets import SHOWN_REASONS, reason_table_md
 from vlm_assets.defs.frame_cache.assets import PLAN_ERROR_CHARS, plan_table_md
 from vlm_assets.frames.plan import PlannedVideo
-from vlm_assets.frames.probe import VideoError, probe_video
+from vlm_assets.media.video_probe import VideoError, probe_video
 from vlm_assets.packing.mix import MixEntry, mix_table_md
 from vlm_assets.wording import ELLIPSIS, md_cell, shortened
 

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from vlm_assets.catalog.media import pinned_object_ref, read_media_bytes
+from vlm_assets.media.refs import pinned_object_ref, read_media_bytes
 from vlm_assets.config import ConfigError, load_config
 from vlm_assets.defs.catalog.assets import sample_catalog, sample_lengths
 from vlm_assets.defs.packing.assets import packed_json, packed_wds_shards, packing_bins

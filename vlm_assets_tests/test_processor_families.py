@@ -36,8 +36,9 @@ def load(families_dir: Path):
     return processor
 
 
-def test_families_are_the_six_model_types():
-    assert FAMILIES == ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl", "gemma3")
+def test_families_are_the_nine_model_types():
+    assert FAMILIES == ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision", "internvl", "gemma3",
+                        "llava_next", "mistral3", "glm4v")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_family_processor_loads_and_counts_an_image(family, load, families_dir, 
     assert all(len(processor.tokenizer(token, add_special_tokens=False)["input_ids"]) == 1 for token in specials)
     assert len(set(processor.tokenizer.convert_tokens_to_ids(list(specials)))) == len(specials)
     text = "Combining accents: cafe\u0301 vs café, 12345 and   spaces\n\n<image> literal."
-    if family == "llava_onevision":  # its own <image> is one special id
+    if family in ("llava_onevision", "llava_next"):  # their own <image> is one special id
         text = text.replace("<image>", "<picture>")
     assert processor.tokenizer(text, add_special_tokens=False)["input_ids"] == qwen_tiktoken.encode(text)
 
@@ -79,7 +80,7 @@ def test_family_processor_counts_a_video(family, load):
     from transformers.video_utils import VideoMetadata
 
     processor = load(family)
-    if family == "gemma3":
+    if family in ("gemma3", "llava_next", "mistral3"):
         assert getattr(processor, "video_processor", None) is None
         return
     conversation = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}]
@@ -88,7 +89,7 @@ def test_family_processor_counts_a_video(family, load):
 
     clip = np.random.default_rng(0).integers(0, 256, size=(8, 112, 112, 3), dtype=np.uint8)
     kwargs = {}
-    if family in ("qwen2_5_vl", "qwen3_vl"):  # they turn frame times into tokens or positions
+    if family in ("qwen2_5_vl", "qwen3_vl", "glm4v"):  # they turn frame times into tokens or positions
         kwargs["video_metadata"] = [VideoMetadata(total_num_frames=8, fps=4.0, frames_indices=list(range(8)))]
     inputs = processor(text=[rendered], videos=[clip], do_sample_frames=False, return_tensors="pt", **kwargs)
     assert inputs["input_ids"].shape[1] > len(processor.tokenizer(rendered)["input_ids"])

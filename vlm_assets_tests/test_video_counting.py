@@ -21,10 +21,10 @@ import pytest
 from vlm_assets.catalog.build import MediaValidator
 from vlm_assets_tests.catalog_support import build_catalog
 from vlm_assets.config import SourceConfig
-from vlm_assets.frames.decode import FrameResizer, read_sampled_frames
+from vlm_assets.media.video import FrameResizer, read_sampled_frames
 from vlm_assets.frames.index import write_index
 from vlm_assets.frames.plan import extend_plan, shard_members, write_plan
-from vlm_assets.frames.probe import VideoError, probe_video, sample_indices
+from vlm_assets.media.video_probe import VideoError, probe_video, sample_indices
 from vlm_assets.frames.reader import FrameCacheReader
 from vlm_assets.frames.shard import ensure_shard, tar_path
 from vlm_assets.frames.spool import MosaicSpool

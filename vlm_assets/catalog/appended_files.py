@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from vlm_assets.catalog.appending import AppendRefused, Extension, FileMark, SavedMark
 from vlm_assets.catalog.build import FolderPart, MediaValidator, catalog_row
-from vlm_assets.catalog.media_checks import UnchangedMediaCheck
+from vlm_assets.media.checks import UnchangedMediaCheck
 from vlm_assets.catalog.readers.flat_dir import FolderListing, ObjectFolderListing
 from vlm_assets.catalog.records import RecordLimits
 from vlm_assets.catalog.schema import STATUS_OK

@@ -28,7 +28,7 @@ from vlm_assets.catalog.build import FolderPart, JsonlPart, MediaValidator, cata
 from vlm_assets.catalog.media_resolution import SourceScope, resolver_for
 from vlm_assets.catalog.readers.jsonl import IdSurvey, LineRange, entries_at_lines, survey_range
 from vlm_assets.catalog.readers.raw_record import RawRecord
-from vlm_assets.catalog.media_checks import UnchangedMediaCheck
+from vlm_assets.media.checks import UnchangedMediaCheck
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.seen_ids import SeenIds
 from vlm_assets.config import SourceConfig

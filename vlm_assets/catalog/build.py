@@ -9,12 +9,10 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-import pandas as pd
-
-from vlm_assets.catalog.images import ImageTooLarge, opened_image, oriented_image_size
-from vlm_assets.catalog.media import (
+from vlm_assets.media.images import ImageTooLarge, opened_image, oriented_image_size
+from vlm_assets.media.refs import (
     OBJECT_PREFIX,
     ObjectFacts,
     kind_from_name,
@@ -23,22 +21,27 @@ from vlm_assets.catalog.media import (
     recently_read,
     sniff_extension,
 )
-from vlm_assets.catalog.media_checks import FACTS_SEPARATOR, MediaCheckLog, media_fingerprint
-from vlm_assets.catalog.media_copies import MediaCopies
+from vlm_assets.media.checks import FACTS_SEPARATOR, MediaCheckLog, media_fingerprint
+from vlm_assets.media.copies import MediaCopies
 from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
 from vlm_assets.catalog.readers import RawRecord, read_source
 from vlm_assets.catalog.readers.flat_dir import FolderListing, ObjectFolderListing
 from vlm_assets.catalog.readers.jsonl import IdSurvey, LineRange, line_ranges, read_jsonl_range, survey_range
 from vlm_assets.catalog.records import RecordLimits, is_json_array
-from vlm_assets.catalog.schema import CATALOG_COLUMNS, STATUS_OK, STATUS_REJECTED, media_type_of
+from vlm_assets.catalog.schema import STATUS_OK, STATUS_REJECTED, media_type_of
 from vlm_assets.catalog.seen_ids import SeenIds
 from vlm_assets.config import DEFAULT_MAX_IMAGE_PIXELS, SourceConfig
 from vlm_assets.object_store import is_file, location_size, open_location, resolved
 from vlm_assets.parallel import ordered_map, store_reading_processes
 
-if TYPE_CHECKING:
-    from vlm_assets.frames.spool import MosaicSpool
+
+
+class VideoRenderer(Protocol):
+    """Decodes a video to check it and keeps what that decode made: the frame cache's mosaic spool
+    (vlm_assets.frames.spool.MosaicSpool), which the catalogue is given rather than builds on."""
+
+    def render(self, ref: str) -> object: ...
 
 
 # Checks a validator holds the outcome of (a medium named by several records is checked once while
@@ -59,7 +62,7 @@ class MediaValidator:
     """
 
     def __init__(
-        self, num_frames: int = 64, check_log: MediaCheckLog | None = None, mosaic_spool: MosaicSpool | None = None,
+        self, num_frames: int = 64, check_log: MediaCheckLog | None = None, mosaic_spool: VideoRenderer | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, media_copies: MediaCopies | None = None,
     ) -> None:
         self.num_frames = num_frames
@@ -160,8 +163,8 @@ OBJECT_ADDRESS = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
 VALIDATION_FRAME_SIZE = 28
 
 
-def _video_error(ref: str, num_frames: int, mosaic_spool: MosaicSpool | None) -> str:
-    from vlm_assets.frames.decode import FrameResizer, read_sampled_frames
+def _video_error(ref: str, num_frames: int, mosaic_spool: VideoRenderer | None) -> str:
+    from vlm_assets.media.video import FrameResizer, read_sampled_frames
 
     try:
         if mosaic_spool is not None:
@@ -366,7 +369,7 @@ _chunk_worker: dict[str, Any] = {}
 
 
 def _start_chunk_worker(
-    source: SourceConfig, text_key: str, num_frames: int, check_log: Path | None, mosaic_spool: MosaicSpool | None,
+    source: SourceConfig, text_key: str, num_frames: int, check_log: Path | None, mosaic_spool: VideoRenderer | None,
     media_copies: MediaCopies | None,
 ) -> None:
     # The worker's log is read-only: it reports its checks with each chunk and the build records them.
@@ -537,28 +540,3 @@ def _catalog_chunks(source: SourceConfig, text_key: str, validator: MediaValidat
         validator.decoded += decoded
         validator.remembered += remembered
         yield rows
-
-
-def build_catalog(source: SourceConfig, text_key: str = "messages", validator: MediaValidator | None = None) -> pd.DataFrame:
-    """The whole catalogue in memory, for small sources (vlm_assets.catalog.table streams one to a file).
-
-    `validator` (default: 64 video frames, nothing remembered) may carry a check log, compacted at the end.
-    """
-    validator = validator or MediaValidator()
-    rows = []
-    try:
-        for chunk in iter_catalog_chunks(source, text_key, validator):
-            rows.extend(chunk)
-    finally:
-        if validator.check_log is not None:
-            validator.check_log.close()
-    if validator.check_log is not None:
-        validator.check_log.compact()
-    return pd.DataFrame(rows, columns=list(CATALOG_COLUMNS))
-
-
-def read_catalog(path: Path) -> pd.DataFrame:
-    frame = pd.read_parquet(path)
-    for column in ("media_files", "media_kinds", "media_refs", "media_keys"):
-        frame[column] = frame[column].map(list)
-    return frame

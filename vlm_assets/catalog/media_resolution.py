@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from vlm_assets.catalog.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, fetch_object, pinned_object_ref, tar_member_ref
+from vlm_assets.media.refs import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, fetch_object, pinned_object_ref, tar_member_ref
 from vlm_assets.catalog.messages import SampleError
 from vlm_assets.config import SourceConfig
 from vlm_assets.object_store import URL_SCHEME, ObjectInfo, ObjectURL, head

@@ -11,7 +11,7 @@
   n_turns      int        number of user+assistant messages
   media_files  list[str]  media names as the sample wrote them (file or member name when found by stem)
   media_kinds  list[str]  "image" | "video", parallel to media_files
-  media_refs   list[str]  where the bytes are (vlm_assets.catalog.media: a path or a tar: ref)
+  media_refs   list[str]  where the bytes are (vlm_assets.media.refs: a path or a tar: ref)
   media_keys   list[str]  "<source>/<path relative to the source's media root>" (frame-cache key)
   media_type   str        "image" | "video" | "mixed" | "text"
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_write_text
-from vlm_assets.catalog.media import is_object_ref, is_tar_ref
+from vlm_assets.media.refs import is_object_ref, is_tar_ref
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.config import FrameCacheConfig, SourceConfig
-from vlm_assets.frames.probe import (
+from vlm_assets.media.video_probe import (
     SampledFrames,
     VideoError,
     probe_video,
@@ -34,7 +34,7 @@ FRAMES_SOURCE_FILE = "video_frames_source.jsonl"
 @dataclass
 class PlannedVideo:
     video_id: str  # stable id inside the cache; the tar member is "<video_id>.jpg"
-    ref: str  # where the bytes are (vlm_assets.catalog.media ref)
+    ref: str  # where the bytes are (vlm_assets.media.refs ref)
     keys: list[str]  # every media key that resolves to this file
     shard: str
     total_frames: int = 0

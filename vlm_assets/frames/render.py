@@ -10,13 +10,13 @@ import av
 import numpy as np
 
 from vlm_assets.config import FrameCacheConfig
-from vlm_assets.frames.decode import (
+from vlm_assets.media.video import (
     DEFAULT_DECODER_THREADS,
     FrameResizer,
     read_sampled_frames,
 )
 from vlm_assets.frames.mosaic import encode_jpeg, mosaic_canvas, mosaic_canvas_shape, place_tile
-from vlm_assets.frames.probe import SampledFrames
+from vlm_assets.media.video_probe import SampledFrames
 
 RESIZE_QUEUE_DEPTH = 8
 # One canvas per thread, reused from video to video: writing tiles into a fresh 28 MB array costs

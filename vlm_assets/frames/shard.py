@@ -18,11 +18,11 @@ from pathlib import Path
 import av
 
 from vlm_assets.atomic import atomic_path, atomic_write_text
-from vlm_assets.catalog.media import describe_ref
+from vlm_assets.media.refs import describe_ref
 from vlm_assets.config import FrameCacheConfig
-from vlm_assets.frames.decode import DEFAULT_DECODER_THREADS
+from vlm_assets.media.video import DEFAULT_DECODER_THREADS
 from vlm_assets.frames.plan import PlannedVideo
-from vlm_assets.frames.probe import SampledFrames, VideoError
+from vlm_assets.media.video_probe import SampledFrames, VideoError
 from vlm_assets.frames.render import mosaic_settings, render_mosaic
 from vlm_assets.frames.spool import MosaicSpool
 

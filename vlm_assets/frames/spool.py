@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from vlm_assets.atomic import atomic_write_bytes, atomic_write_text
-from vlm_assets.catalog.media_checks import media_fingerprint
+from vlm_assets.media.checks import media_fingerprint
 from vlm_assets.config import FrameCacheConfig
 from vlm_assets.frames.plan import file_identity
-from vlm_assets.frames.probe import SampledFrames
+from vlm_assets.media.video_probe import SampledFrames
 from vlm_assets.frames.render import mosaic_settings, render_mosaic
 
 

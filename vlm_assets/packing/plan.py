@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
-from vlm_assets.catalog.media_checks import MediaCheckLog
+from vlm_assets.media.checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.packing.binpack import Bins, best_fit_decreasing
 from vlm_assets.packing.sample_ids import IdIndex, id_hashes

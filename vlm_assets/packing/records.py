@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from vlm_assets.catalog import lookup
-from vlm_assets.catalog.media import media_extension
+from vlm_assets.media.refs import media_extension
 from vlm_assets.catalog.schema import media_type_of
 from vlm_assets.parallel import ordered_map
 
@@ -45,7 +45,7 @@ RECORD_CHUNK_SAMPLES = 4096
 @dataclass(frozen=True)
 class RecordMedia:
     member: str  # "img0.jpg": the tar member name after "<key>."
-    ref: str  # where the bytes are (vlm_assets.catalog.media)
+    ref: str  # where the bytes are (vlm_assets.media.refs)
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from typing import BinaryIO
 
 from vlm_assets.atomic import atomic_path, remove_stale_temp_files
 from vlm_assets.catalog import lookup
-from vlm_assets.catalog.media import is_object_ref, is_tar_ref, media_size, read_media_bytes, tar_member_path
-from vlm_assets.catalog.media_copies import MediaCopies
+from vlm_assets.media.refs import is_object_ref, is_tar_ref, media_size, read_media_bytes, tar_member_path
+from vlm_assets.media.copies import MediaCopies
 from vlm_assets.packing.records import PackedRecord, encode_record, record_of_line
 from vlm_assets.parallel import ordered_map, store_reading_processes
 

@@ -1,12 +1,14 @@
 """An image's tokens from its (height, width) alone, by each family's own arithmetic: no pixels.
 
-Families spell an image differently: Qwen2-VL merges the patches of the resized image, InternVL
-tiles it into crops of a fixed token count between <img> and </img>, LLaVA-OneVision picks an anyres
-grid for an image alone in its sample and a base view for each of several, Gemma3 gives every image
-the same sequence between newlines and image markers. `image_token_arithmetic` picks the family's by
-what the processor has; whether it holds for a processor, the probes of vlm_assets.tokens.profile
-tell. The text the processor writes around an image's tokens is text: `image_expansion` gives it, to
-be tokenised with the sample's own text, since its newlines may merge with the text next to them.
+Families spell an image differently: Qwen2-VL (and GLM-4.1V) merges the patches of the resized image,
+InternVL tiles it into crops of a fixed token count between <img> and </img>, LLaVA-OneVision picks an
+anyres grid for an image alone in its sample and a base view for each of several, Gemma3 gives every
+image the same sequence between newlines and image markers. Other families (LLaVA-NeXT's anyres grid,
+Mistral3's rows of patches ended by [IMG_BREAK] and [IMG_END]) are counted by the per-image token counter
+their processor has for serving engines. `image_token_arithmetic` picks the family's by what the
+processor has; whether it holds for a processor, the probes of vlm_assets.tokens.profile tell. The
+text the processor writes around an image's tokens is text: `image_expansion` gives it, to be
+tokenised with the sample's own text, since its newlines may merge with the text next to them.
 """
 
 from __future__ import annotations
@@ -49,7 +51,46 @@ def image_token_arithmetic(processor: Any) -> ImageTokenArithmetic | None:
         return _anyres_arithmetic(processor)
     if hasattr(processor, "image_seq_length") and hasattr(processor, "full_image_sequence"):
         return lambda _height, _width, _grouped: processor.image_seq_length
+    if all(hasattr(processor, name) for name in ("spatial_merge_size", "image_break_token", "image_end_token")):
+        return _patch_rows_arithmetic(processor)
+    if hasattr(processor, "_get_num_multimodal_tokens"):
+        return _serving_counter_arithmetic(processor)
     return None
+
+
+def _serving_counter_arithmetic(processor: Any) -> ImageTokenArithmetic:
+    """The tokens of one image by the counter transformers gives serving engines (vLLM) per processor.
+    It sees each image alone: a family that counts a group of images otherwise fails its probes."""
+
+    def tokens(height: int, width: int, _grouped: bool) -> int:
+        (count,) = processor._get_num_multimodal_tokens(image_sizes=[[height, width]])["num_image_tokens"]
+        return int(count)
+
+    return tokens
+
+
+def _patch_rows_arithmetic(processor: Any) -> ImageTokenArithmetic:
+    """Pixtral's (Mistral3's) count: an [IMG] per merged patch of the image as its image processor's
+    public resize rule sizes it, and after each row an [IMG_BREAK] (the last one [IMG_END]). Its counter
+    for serving engines counts so too, but builds a float array of the image's full size for each image
+    (100 MB for 2048x2048) and takes an image 1 or 3 pixels tall for channels first; the rule is applied
+    here to a stand-in of the image's shape that holds no pixels, channels last."""
+    import numpy as np
+    from transformers.image_utils import ChannelDimension
+    from transformers.models.pixtral.image_processing_pixtral import get_resize_output_image_size
+
+    patch = processor.patch_size * processor.spatial_merge_size
+    longest_edge = processor.image_processor.size["longest_edge"]
+
+    def tokens(height: int, width: int, _grouped: bool) -> int:
+        stand_in = np.broadcast_to(np.uint8(0), (height, width, 3))
+        resized_height, resized_width = get_resize_output_image_size(
+            stand_in, size=(longest_edge, longest_edge), patch_size=(patch, patch),
+            input_data_format=ChannelDimension.LAST)
+        rows, columns = resized_height // patch, resized_width // patch
+        return rows * (columns + 1)
+
+    return tokens
 
 
 def _anyres_arithmetic(processor: Any) -> ImageTokenArithmetic:
@@ -88,13 +129,21 @@ def _anyres_arithmetic(processor: Any) -> ImageTokenArithmetic:
 def image_expansion(processor: Any, image: Any) -> ImageExpansion:
     """The processor's replacement for its image placeholder, as it reports it for `image`."""
     placeholder = processor.image_token
-    encoded = processor(text=[placeholder], images=[[image]], return_text_replacement_offsets=True)
-    (replaced,) = encoded["text_replacement_offsets"][0]
+    # Without the tokenizer's own <s> or <bos>, which are no part of the image's text.
+    encoded = processor(text=[placeholder], images=[[image]], add_special_tokens=False,
+                        return_text_replacement_offsets=True)
+    if "text_replacement_offsets" in encoded:
+        (replaced,) = encoded["text_replacement_offsets"][0]
+        replacement = replaced["replacement"]
+    else:
+        # A transformers release whose processor does not report its replacements: the text it
+        # produced, read back from its ids (the probes prove it tokenises the same way).
+        replacement = processor.tokenizer.decode(encoded["input_ids"][0], skip_special_tokens=False)
     image_token_strings = processor.tokenizer.convert_ids_to_tokens(marked_token_ids(processor, "image"))
     run = re.compile("(?:" + "|".join(map(re.escape, image_token_strings)) + ")+")
     # One image token keeps the run's place: special tokens split the text, so what is around it tokenises as it does.
     text, runs = run.subn(lambda match: next(token for token in image_token_strings if match.group().startswith(token)),
-                          replaced["replacement"])
+                          replacement)
     return ImageExpansion(placeholder, text, runs)
 
 

@@ -7,10 +7,12 @@ sampling off and the clip's metadata (fps, frame count, the cache's frame indice
 
 The fast path counts without pixels: image sizes from file headers (EXIF orientation applied) and
 the family's own image-token arithmetic (vlm_assets.tokens.image_tokens), one frame-cache-shaped
-clip's video token count, and batched tokenisation of the template rendered with a single
-placeholder token per media item (for an image, inside the text the processor writes around its
-tokens). It is used per family and modality only where probes proved it equal to the exact path
-(vlm_assets.tokens.profile); every other sample goes through the exact path.
+clip's video token count (vlm_assets.tokens.video_tokens), and batched tokenisation of the template
+rendered with a single placeholder token per media item (inside the text the processor writes
+around its tokens: for a Qwen3-VL clip, each temporal patch's time, from the clip's fps and frame
+indices as the catalogue's decoding pass kept them). It is used per family and modality only where
+probes proved it equal to the exact path (vlm_assets.tokens.profile); every other sample goes through
+the exact path.
 
 The fast path runs in two stages: `measure_samples` needs only the text (vlm_assets.tokens.text)
 and the files, so it runs where the processor is not loaded; `LengthCounter.complete` turns image
@@ -22,20 +24,25 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from vlm_assets.catalog.images import oriented_image_size
-from vlm_assets.catalog.media import read_media_bytes
+from vlm_assets.media.images import oriented_image_size
+from vlm_assets.media.refs import read_media_bytes
 from vlm_assets.catalog.messages import split_on_placeholders
 from vlm_assets.catalog.schema import STATUS_OK, STATUS_REJECTED
 from vlm_assets.config import FrameCacheConfig
-from vlm_assets.frames.probe import SampledFrames
+from vlm_assets.media.video_probe import SampledFrames
 from vlm_assets.tokens.consumer import CountingRule, consumer_video
 from vlm_assets.tokens.image_tokens import ImageExpansion, image_token_arithmetic, marked_token_ids
 from vlm_assets.tokens.text import ProcessorText, TextCounter, control_token_in
+from vlm_assets.tokens.video_tokens import (
+    ClipFacts,
+    VideoExpansion,
+    usable_clip_facts,
+    video_tokens_for_shape,
+)
 
 # Reason prefix of a sample the processor call itself refused (not its media, text or template):
 # `lengths_match_processor` fails on such rows, since they point at the processor or at this code.
@@ -97,6 +104,11 @@ class Modalities:
     image_placeholder: str = ""
     image_expansion: str = ""
     image_tokens_in_expansion: int = 1
+    # The fast path's text for a clip (video_tokens.VideoExpansion), where it is not the placeholder alone.
+    video_placeholder: str = ""
+    video_patch_text: str = ""
+    video_patch_frames: int = 0
+    video_tokens_in_patch: int = 1
 
     def with_image_expansion(self, expansion: ImageExpansion) -> Modalities:
         return replace(self, image_placeholder=expansion.placeholder, image_expansion=expansion.text,
@@ -104,6 +116,39 @@ class Modalities:
 
     def expand_images(self, text: str) -> str:
         return text.replace(self.image_placeholder, self.image_expansion) if self.image_placeholder else text
+
+    def with_video_expansion(self, expansion: VideoExpansion) -> Modalities:
+        return replace(self, video_placeholder=expansion.placeholder, video_patch_text=expansion.patch_text,
+                       video_patch_frames=expansion.patch_frames, video_tokens_in_patch=expansion.video_tokens_in_patch)
+
+    @property
+    def video_expansion(self) -> VideoExpansion | None:
+        if not self.video_placeholder:
+            return None
+        return VideoExpansion(self.video_placeholder, self.video_patch_text, self.video_patch_frames,
+                              self.video_tokens_in_patch)
+
+    def video_clips(self, sample: SampleForLength, clip_facts: ClipFacts | None) -> list[SampledFrames | None] | None:
+        """The facts of the sample's clips that its videos' text needs (None: one of them is not known)."""
+        videos = [ref for kind, ref in zip(sample.media_kinds, sample.media_refs) if kind == "video"]
+        expansion = self.video_expansion
+        if expansion is None or not expansion.needs_clip_facts:
+            return [None] * len(videos)
+        clips = [clip_facts(ref) if clip_facts is not None else None for ref in videos]
+        return None if None in clips else clips
+
+    def expand_videos(self, text: str, clips: Sequence[SampledFrames | None]) -> tuple[str, int]:
+        """`text` with each clip's placeholder replaced by the clip's text, and the video tokens left in it."""
+        expansion = self.video_expansion
+        if expansion is None:
+            return text, len(clips)
+        pieces = text.split(expansion.placeholder)
+        if len(pieces) != len(clips) + 1:
+            raise ValueError(f"the text has {len(pieces) - 1} video placeholders for {len(clips)} videos")
+        expanded = [pieces[0]]
+        for clip, piece in zip(clips, pieces[1:]):
+            expanded += [expansion.clip_text(clip), piece]
+        return "".join(expanded), sum(expansion.video_tokens_in_clip(clip) for clip in clips)
 
     def refusal(self, media_kinds: Sequence[str]) -> str:
         """Why the processor cannot count a sample with these media ("" when it can)."""
@@ -155,13 +200,16 @@ def rendered_text(text: TextCounter, conversation: list[dict[str, Any]], rule: C
 
 
 def fast_path_counts(sample: SampleForLength, modalities: Modalities, text: TextCounter, reject_control_tokens: bool,
-                     rule: CountingRule | None = None) -> bool:
+                     rule: CountingRule | None = None, clip_facts: ClipFacts | None = None) -> bool:
     """Whether the fast path counts this sample: its modalities are proven, and its text holds no control
     token that is kept (only the processor knows what a kept one does: expand it, refuse it, ...).
-    A video the consumer samples itself is counted from its frames (the exact path)."""
+    A video the consumer samples itself is counted from its frames (the exact path), and so is one
+    whose text needs facts of the clip (Qwen3-VL's times) that `clip_facts` does not know."""
     if not modalities.counts_fast(sample.media_kinds):
         return False
     if rule is not None and rule.resizes_media and "video" in sample.media_kinds:
+        return False
+    if "video" in sample.media_kinds and modalities.video_clips(sample, clip_facts) is None:
         return False
     return reject_control_tokens or not control_token_in(chat_conversation(sample.messages), text.control_tokens)
 
@@ -173,12 +221,14 @@ def supports_fast_images(processor: Any) -> bool:
 
 def supports_fast_videos(processor: Any) -> bool:
     """Whether the processor has the arithmetic the fast path counts videos with (whether it is right, probes tell)."""
-    return hasattr(processor, "video_token") and hasattr(getattr(processor, "video_processor", None), "merge_size")
+    video_processor = getattr(processor, "video_processor", None)
+    return (hasattr(processor, "video_token") and hasattr(video_processor, "merge_size")
+            and hasattr(video_processor, "get_num_of_video_patches"))
 
 
 def decode_video_frames(ref: str, settings: FrameCacheConfig) -> tuple[SampledFrames, np.ndarray]:
     """The frames a trainer sees for a video: the frame cache's sampled frames at frame_size², and which they are."""
-    from vlm_assets.frames.decode import decode_sampled_frames
+    from vlm_assets.media.video import decode_sampled_frames
 
     sampled, frames = decode_sampled_frames(ref, settings.num_frames, settings.frame_size)
     return sampled, np.stack(frames)
@@ -208,10 +258,14 @@ class LengthCounter:
         reject_control_tokens: bool = True,
         tokens_per_clip: int | None = None,
         rule: CountingRule | None = None,
+        clip_facts: ClipFacts | None = None,
     ) -> None:
         """`tokens_per_clip`: a video's tokens, when a processor of the same files counted them before.
         `rule`: what the packed shards' consumer encodes of a sample (None: the sample as the chat template
-        renders it, videos as the frame cache's frames)."""
+        renders it, videos as the frame cache's frames).
+        `clip_facts`: each video's frame count, fps and frame indices as the frame cache samples them
+        (e.g. `MosaicSpool.sampled`), for a family whose video text follows them; without them, or for a
+        video they do not know, such a sample is counted by the exact path."""
         self.processor = processor
         self.frame_cache = frame_cache
         self.video_loader = video_loader
@@ -223,6 +277,7 @@ class LengthCounter:
         self._tokens_by_size: dict[tuple[int, int], int] = {}
         self._grouped_tokens_by_size: dict[tuple[int, int], int] = {}
         self._tokens_per_clip = tokens_per_clip
+        self.clip_facts = clip_facts
 
     # ---- shared -------------------------------------------------------------------------
     def render(self, messages_json: str) -> str:
@@ -280,7 +335,7 @@ class LengthCounter:
 
     def _image(self, ref: str) -> Any:
         """The image's pixels at the size they reach the processor."""
-        from vlm_assets.catalog.images import decoded_rgb
+        from vlm_assets.media.images import decoded_rgb
 
         image = decoded_rgb(ref)
         if self.rule is not None and self.rule.resizes_media:
@@ -322,8 +377,8 @@ class LengthCounter:
     @property
     def video_tokens_per_clip(self) -> int:
         if self._tokens_per_clip is None:
-            self._tokens_per_clip = _video_tokens_for_shape(self.processor, self.frame_cache.num_frames,
-                                                            self.frame_cache.frame_size)
+            self._tokens_per_clip = video_tokens_for_shape(self.processor, self.frame_cache.num_frames,
+                                                           self.frame_cache.frame_size)
         return self._tokens_per_clip
 
     def count(self, samples: Sequence[SampleForLength], batch_size: int = 256) -> list[LengthResult]:
@@ -331,10 +386,11 @@ class LengthCounter:
         results: list[LengthResult] = []
         for start in range(0, len(samples), batch_size):
             batch = samples[start:start + batch_size]
-            fast = [fast_path_counts(sample, self.modalities, self.text, self.reject_control_tokens, self.rule)
-                    for sample in batch]
+            clip_facts = usable_clip_facts(self.clip_facts, self.frame_cache) if self.clip_facts else None
+            fast = [fast_path_counts(sample, self.modalities, self.text, self.reject_control_tokens, self.rule,
+                                     clip_facts) for sample in batch]
             measured = iter(measure_samples([sample for sample, quick in zip(batch, fast) if quick], self.text,
-                                            self.modalities, self.reject_control_tokens, self.rule))
+                                            self.modalities, self.reject_control_tokens, self.rule, clip_facts))
             results.extend(self.complete(next(measured)) if quick else self.exact(sample)
                            for sample, quick in zip(batch, fast))
         return results
@@ -373,13 +429,20 @@ def completed_length(measured: MeasuredSample, image_tokens_for_size: Callable[[
 
 def measure_samples(
     samples: Sequence[SampleForLength], text: TextCounter, modalities: Modalities, reject_control_tokens: bool = True,
-    rule: CountingRule | None = None,
+    rule: CountingRule | None = None, clip_facts: ClipFacts | None = None,
 ) -> list[MeasuredSample]:
     """Each sample's text tokens (its template rendered with one pad token per media item, an image's with
-    the text the processor puts around its tokens) and media shapes (images: the size they reach the processor at)."""
+    the text the processor puts around its tokens, a clip's with its text and one pad per run of video
+    tokens) and media shapes (images: the size they reach the processor at). `clip_facts`: what the
+    clips' text needs of them, known for every video of these samples (see fast_path_counts)."""
     results: list[MeasuredSample | None] = [None] * len(samples)
-    rendered: list[tuple[int, str, tuple[tuple[int, int], ...], int]] = []  # (index, text, image sizes, videos)
+    # (index, text, image sizes, videos, video pads)
+    rendered: list[tuple[int, str, tuple[tuple[int, int], ...], int, int]] = []
     for index, sample in enumerate(samples):
+        clips = modalities.video_clips(sample, clip_facts)
+        if clips is None:
+            raise ValueError(f"{sample.sample_id}: its clips' facts are not known; the exact path counts it "
+                             "(see fast_path_counts)")
         try:
             conversation = chat_conversation(sample.messages)
             refusal = sample_refusal(conversation, sample.media_kinds, modalities, text, reject_control_tokens, rule)
@@ -392,21 +455,15 @@ def measure_samples(
                 # A size and its transpose give the same tokens, so EXIF orientation (which the consumer's
                 # decoder does not apply) changes no count.
                 sizes = tuple(rule.image_size(*size) for size in sizes)
-            videos = sum(1 for kind in sample.media_kinds if kind == "video")
-            rendered.append((index, modalities.expand_images(rendered_text(text, conversation, rule)), sizes, videos))
+            prompt, video_pads = modalities.expand_videos(
+                modalities.expand_images(rendered_text(text, conversation, rule)), clips)
+            rendered.append((index, prompt, sizes, len(clips), video_pads))
         except Exception as error:  # same failure classes as the exact path
             results[index] = MeasuredSample(sample.sample_id, 0, (), 0, f"{type(error).__name__}: {error}")
-    counts = text.token_counts([prompt for _index, prompt, _sizes, _videos in rendered]) if rendered else []
-    for (index, _text, sizes, videos), count in zip(rendered, counts):
-        # The rendered text holds one pad token per video and the expansion's image tokens per image; the
+    counts = text.token_counts([prompt for _index, prompt, *_shapes in rendered]) if rendered else []
+    for (index, _text, sizes, videos, video_pads), count in zip(rendered, counts):
+        # The rendered text holds the expansions' video tokens per video and image tokens per image; the
         # processor's own counts replace them.
-        pads = videos + len(sizes) * modalities.image_tokens_in_expansion
+        pads = video_pads + len(sizes) * modalities.image_tokens_in_expansion
         results[index] = MeasuredSample(samples[index].sample_id, count - pads, sizes, videos)
     return [result for result in results if result is not None]
-
-
-@lru_cache(maxsize=16)
-def _video_tokens_for_shape(processor: Any, num_frames: int, frame_size: int) -> int:
-    clip = np.zeros((num_frames, frame_size, frame_size, 3), dtype=np.uint8)
-    grid = processor.video_processor(videos=[clip], do_sample_frames=False, return_tensors="np")["video_grid_thw"][0]
-    return int(np.prod(grid)) // processor.video_processor.merge_size**2

@@ -17,7 +17,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from importlib.metadata import version
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -26,7 +25,7 @@ import numpy as np
 
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import ConfigError, FrameCacheConfig, ModelConfig
-from vlm_assets.frames.probe import SampledFrames, sample_indices
+from vlm_assets.media.video_probe import SampledFrames, sample_indices
 from vlm_assets.tokens.consumer import CountingRule
 from vlm_assets.tokens.lengths import (
     LengthCounter,
@@ -38,12 +37,14 @@ from vlm_assets.tokens.lengths import (
     modalities_of,
     supports_fast_images,
     supports_fast_videos,
+    video_metadata,
 )
 from vlm_assets.tokens.image_tokens import ImageExpansion, image_expansion
 from vlm_assets.tokens.processor import RECENT_WRITE_NS, default_cache_dir, processor_fingerprint, shared_processor
 from vlm_assets.tokens.text import store_text_spec, stored_text_spec, text_spec_of
+from vlm_assets.tokens.video_tokens import VideoExpansion, video_expansion
 
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 
 # Probe conversations in the catalogue's form (<image>/<video> placeholders), chosen to put media
 # next to text, newlines and each other, in first and later turns.
@@ -75,9 +76,14 @@ VIDEO_PROBES = (
      ("clip-30fps",)),
     ([{"role": "user", "content": "Then:\n<video>\nand <video>"}, {"role": "assistant", "content": "Two."}],
      ("clip-12fps", "clip-30fps")),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "<video><video> and\n<video>"},
+      {"role": "assistant", "content": "Three."}], ("clip-2h", "clip-3-frames", "clip-29.97fps")),
 )
-# Clips of different lengths and frame rates: a family that prints timestamps counts them differently.
-PROBE_CLIPS = {"clip-30fps": (900, 30.0), "clip-12fps": (50, 12.5)}  # total frames, fps
+# Clips of different lengths and frame rates: a family that prints each temporal patch's time counts them
+# differently (times of one to four digits before the point, frames fewer than the cache samples, a
+# rate that is not whole).
+PROBE_CLIPS = {"clip-30fps": (900, 30.0), "clip-12fps": (50, 12.5), "clip-2h": (180_000, 25.0),
+               "clip-3-frames": (3, 24.0), "clip-29.97fps": (17_982, 29.97)}  # total frames, fps
 MIXED_PROBE = ([{"role": "user", "content": "<image>\n<video>\nSame scene?"}, {"role": "assistant", "content": "Yes."}],
                ("b", "clip-12fps"))
 
@@ -118,8 +124,7 @@ def check_model_type(model: ModelConfig, profile: ProcessorProfile) -> None:
 def length_counter(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool = True,
                    tokens_per_clip: int | None = None, rule: CountingRule | None = None) -> LengthCounter:
     """This process's counter for `model`: the processor loaded once, its fast path proven (or taken from disk).
-    `tokens_per_clip`: a video's tokens as a processor of these files counted them before (a clip
-    through the video processor takes seconds)."""
+    `tokens_per_clip`: a video's tokens as a processor of these files counted them before."""
     processor = shared_processor(model)
     modalities = stored_modalities(model, frame_cache)
     if modalities is None:
@@ -162,8 +167,8 @@ def prove_fast_path(processor: Any, frame_cache: FrameCacheConfig) -> Modalities
         def equal(probes: tuple[tuple[list[dict[str, str]], tuple[str, ...]], ...]) -> bool:
             samples = [_probe_sample(number, turns, [refs[name] for name in media])
                        for number, (turns, media) in enumerate(probes)]
-            fast = [counter.complete(measured)
-                    for measured in measure_samples(samples, counter.text, everything_fast, reject_control_tokens=False)]
+            fast = [counter.complete(measured) for measured in measure_samples(
+                samples, counter.text, everything_fast, reject_control_tokens=False, clip_facts=clips.get)]
             exact = [counter.exact(sample) for sample in samples]
             return all(_counts(f) == _counts(e) and e.status == "ok" for f, e in zip(fast, exact, strict=True))
 
@@ -172,10 +177,16 @@ def prove_fast_path(processor: Any, frame_cache: FrameCacheConfig) -> Modalities
         if expansion is not None:
             everything_fast = everything_fast.with_image_expansion(expansion)
         fast_images = expansion is not None and equal(IMAGE_PROBES)
-        fast_videos = fast_text and taken.takes_videos and supports_fast_videos(processor) and equal(VIDEO_PROBES)
+        clip_expansion = (_probe_video_expansion(processor, counter, clips["clip-30fps"], frames)
+                          if fast_text and taken.takes_videos else None)
+        if clip_expansion is not None:
+            everything_fast = everything_fast.with_video_expansion(clip_expansion)
+        fast_videos = clip_expansion is not None and equal(VIDEO_PROBES)
         if fast_images and fast_videos and not equal((MIXED_PROBE,)):
             fast_videos = False
     proven = Modalities(taken.processor_class, taken.takes_images, taken.takes_videos, fast_text, fast_images, fast_videos)
+    if fast_videos and clip_expansion is not None:
+        proven = proven.with_video_expansion(clip_expansion)
     return proven.with_image_expansion(expansion) if fast_images and expansion is not None else proven
 
 
@@ -189,6 +200,19 @@ def _probe_image_expansion(processor: Any) -> ImageExpansion | None:
     try:
         return image_expansion(processor, Image.new("RGB", (width, height), (128, 96, 64)))
     except Exception:  # a processor that does not report its replacements: its images are counted exactly
+        return None
+
+
+def _probe_video_expansion(processor: Any, counter: LengthCounter, clip: SampledFrames,
+                           frames: np.ndarray) -> VideoExpansion | None:
+    """The processor's text for a clip, where it has video-token arithmetic and reports that text."""
+    if not supports_fast_videos(processor):
+        return None
+    turns, _clips = VIDEO_PROBES[0]
+    try:
+        return video_expansion(processor, counter.render(json.dumps(turns)), frames, clip,
+                               video_metadata(clip, counter.frame_cache.frame_size))
+    except Exception:  # a processor that does not report its replacements: its videos are counted exactly
         return None
 
 
@@ -297,8 +321,7 @@ def _size_rows(tokens_by_size: Mapping[tuple[int, int], int]) -> list[list[int]]
 
 
 def _media_tokens_path(model: ModelConfig, frame_cache: FrameCacheConfig) -> Path:
-    # The library's version too: its arithmetic may change while the processor's files do not.
-    return _profile_path(model, frame_cache).with_suffix(f".media-tokens-{version('transformers')}.json")
+    return _profile_path(model, frame_cache).with_suffix(".media-tokens.json")
 
 
 def _profile_path(model: ModelConfig, frame_cache: FrameCacheConfig) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tarfile
 from collections.abc import Iterator
 
-from vlm_assets.catalog.media import read_tar_member
+from vlm_assets.media.refs import read_tar_member
 from vlm_assets.catalog.media_resolution import (
     FileResolver,
     MediaResolver,

@@ -12,8 +12,8 @@ import pandas as pd
 
 from vlm_assets.catalog.appending import reading_settings
 from vlm_assets.catalog.build import MediaValidator
-from vlm_assets.catalog.media_checks import MediaCheckLog
-from vlm_assets.catalog.media_copies import MediaCopies
+from vlm_assets.media.checks import MediaCheckLog
+from vlm_assets.media.copies import MediaCopies
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import CatalogSummary, SourceChangedError, write_catalog
 from vlm_assets.defs.catalog.source_files import (
@@ -193,6 +193,9 @@ def _measure_lengths(context: dg.AssetExecutionContext, vlm_config: VlmConfig, s
         layout.catalog(source.name), target, app.model, app.frame_cache, step_processes(), progress.update,
         reject_control_tokens=source.rejects_control_tokens, on_processor_loaded=loaded, store=store, rows=rows,
         rule=counting_rule(app, source),
+        # The frame count, fps and frame indices the catalogue's decoding pass found for each video:
+        # a family whose video text follows them (Qwen3-VL's timestamps) counts them without a decode.
+        clip_spool=layout.mosaic_spool(app.frame_cache),
     )
     if summary.reused_rows:
         context.log.info(f"{context.partition_key}: {plural(summary.reused_rows, 'row')} reused from chunks measured before")

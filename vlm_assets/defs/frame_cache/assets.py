@@ -27,7 +27,7 @@ from vlm_assets.frames.plan import (
     shard_members,
     write_plan,
 )
-from vlm_assets.frames.probe import SampledFrames
+from vlm_assets.media.video_probe import SampledFrames
 from vlm_assets.frames.shard import ensure_shard, tar_path
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.wording import md_cell, plural, shortened

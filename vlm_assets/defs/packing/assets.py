@@ -9,7 +9,7 @@ import dagster as dg
 
 from vlm_assets.atomic import atomic_open
 from vlm_assets.catalog.lookup import SampleLookup
-from vlm_assets.catalog.media_copies import MediaCopies
+from vlm_assets.media.copies import MediaCopies
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
 from vlm_assets.defs.failures import nothing_left, reasons_in
 from vlm_assets.defs.packing import checks

@@ -29,8 +29,8 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
-from vlm_assets.catalog.media import describe_ref
-from vlm_assets.frames.probe import (
+from vlm_assets.media.refs import describe_ref
+from vlm_assets.media.video_probe import (
     SampledFrames,
     VideoError,
     VideoProbe,

@@ -2,7 +2,7 @@
 
 A source's first build reads each image from the store to check it, and its shards would read it
 again: the copy saves that second request. A copy is named by the object's URL, size and ETag (the
-version its pinned ref names, see vlm_assets.catalog.media), so only that version is ever taken
+version its pinned ref names, see vlm_assets.media.refs), so only that version is ever taken
 from it. Copies are made only while the disk that holds them keeps MIN_FREE_BYTES free; the shards
 step removes a source's copies once its shards are written.
 """
@@ -17,7 +17,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlm_assets.catalog.media import object_facts
+from vlm_assets.media.refs import object_facts
 
 MIN_FREE_BYTES = 1 << 30
 

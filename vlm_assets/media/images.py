@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from PIL import Image, ImageOps
 
-from vlm_assets.catalog.media import is_object_ref, object_facts, open_media
+from vlm_assets.media.refs import is_object_ref, object_facts, open_media
 
 # Pillow's decompression-bomb guard is one process-wide number (a warning above 89 M pixels, an
 # error above 179 M) that knows no source. Each source's `max_image_pixels` replaces it: the

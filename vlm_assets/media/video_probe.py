@@ -3,7 +3,7 @@
 Container headers lie (MKV reports 0 frames, an AVI counts its zero-size "repeat the previous
 frame" entries, a corrupted MP4 claims frames it cannot decode), so the count comes from
 demuxing the video stream's packets, which is cheap (no decoding). It is a first estimate: the
-decoding pass (`vlm_assets.frames.decode.read_sampled_frames`) checks it against what the decoder
+decoding pass (`vlm_assets.media.video.read_sampled_frames`) checks it against what the decoder
 actually yields and the count a full decode gives wins.
 """
 
@@ -16,7 +16,7 @@ from typing import BinaryIO
 import av
 import numpy as np
 
-from vlm_assets.catalog.media import describe_ref, open_media
+from vlm_assets.media.refs import describe_ref, open_media
 
 
 class VideoError(Exception):

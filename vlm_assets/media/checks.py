@@ -19,7 +19,7 @@ from concurrent.futures import Executor, Future
 from pathlib import Path
 
 from vlm_assets.atomic import naming_a_full_disk
-from vlm_assets.catalog.media import OBJECT_PREFIX, TAR_PREFIX, is_object_ref, is_tar_ref, object_facts, tar_member_path
+from vlm_assets.media.refs import OBJECT_PREFIX, TAR_PREFIX, is_object_ref, is_tar_ref, object_facts, tar_member_path
 from vlm_assets.object_store import URL_SCHEME, head
 
 
