@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 # (height, width, one of several images of its sample) -> the image's tokens. Several images are
 # processed as one group, which LLaVA-OneVision counts differently (its multi-image mode).
 ImageTokenArithmetic = Callable[[int, int, bool], int]
@@ -42,8 +44,7 @@ def image_token_arithmetic(processor: Any) -> ImageTokenArithmetic | None:
         return lambda height, width, _grouped: patches(height, width, {}) // image_processor.merge_size**2
     if patches is not None and all(hasattr(processor, name) for name in
                                    ("image_seq_length", "start_image_token", "end_image_token")):
-        # The processor's own defaults (InternVL turns crop_to_patches on), as a call gets them.
-        images_kwargs = dict(getattr(processor, "images_kwargs", None) or {})
+        images_kwargs = _call_image_defaults(processor, patches)
         # Its <img> and </img> are image tokens too.
         return lambda height, width, _grouped: 2 + processor.image_seq_length * patches(height, width, images_kwargs)
     if hasattr(image_processor, "image_grid_pinpoints") and all(
@@ -56,6 +57,22 @@ def image_token_arithmetic(processor: Any) -> ImageTokenArithmetic | None:
     if hasattr(processor, "_get_num_multimodal_tokens"):
         return _serving_counter_arithmetic(processor)
     return None
+
+
+def _call_image_defaults(processor: Any, patches: Callable[..., int]) -> dict[str, Any]:
+    """The image settings a call of the processor takes by default (InternVL turns crop_to_patches on):
+    its `images_kwargs` where the release has that attribute, else the crop setting that gives what a
+    call gives for one image (the probes check the outcome either way)."""
+    defaults = getattr(processor, "images_kwargs", None)
+    if defaults:
+        return dict(defaults)
+    from PIL import Image
+
+    height, width = 480, 640
+    called = processor(text=[processor.image_token], images=[[Image.new("RGB", (width, height))]])
+    image_tokens = int(np.isin(np.asarray(called["input_ids"][0]), marked_token_ids(processor, "image")).sum())
+    cropped = {"crop_to_patches": True}
+    return cropped if 2 + processor.image_seq_length * patches(height, width, cropped) == image_tokens else {}
 
 
 def _serving_counter_arithmetic(processor: Any) -> ImageTokenArithmetic:
@@ -75,7 +92,6 @@ def _patch_rows_arithmetic(processor: Any) -> ImageTokenArithmetic:
     for serving engines counts so too, but builds a float array of the image's full size for each image
     (100 MB for 2048x2048) and takes an image 1 or 3 pixels tall for channels first; the rule is applied
     here to a stand-in of the image's shape that holds no pixels, channels last."""
-    import numpy as np
     from transformers.image_utils import ChannelDimension
     from transformers.models.pixtral.image_processing_pixtral import get_resize_output_image_size
 
