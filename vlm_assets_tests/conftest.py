@@ -99,6 +99,7 @@ def _module(item: pytest.Item) -> str:
     return item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:

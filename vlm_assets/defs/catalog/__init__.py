@@ -2,8 +2,10 @@
 
 import dagster as dg
 
-from vlm_assets.defs.catalog import assets, source_files
+from vlm_assets.defs.catalog import assets
+from vlm_assets.defs.catalog.source_files import source_files
 
-# Every asset and check the modules define: a new one is picked up where it is written.
-defs = dg.Definitions(assets=dg.load_assets_from_modules([source_files, assets]),
+# Every asset and check the module defines: a new one is picked up where it is written. The sources'
+# files are an external asset spec, which the loader does not collect.
+defs = dg.Definitions(assets=[source_files, *dg.load_assets_from_modules([assets])],
                       asset_checks=dg.load_asset_checks_from_modules([assets]))
