@@ -45,7 +45,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                           "add a `sources:` list (inbox entries are built by the inbox sensor under `dagster dev`)")
     # The code location reads the same file, so the UI and this run agree on settings.
     os.environ[CONFIG_ENV_VAR] = str(app.path)
-    home = ensure_dagster_home(Path(args.dagster_home) if args.dagster_home else default_home(app.path))
+    home = ensure_dagster_home(Path(args.dagster_home) if args.dagster_home else default_home(app.path), project_dir(app.path))
     dagster = Path(sys.executable).parent / "dagster"  # the venv's, which a fresh shell has no PATH to
     if remember_for_dagster_dev(home, app.path):
         print(f"Dagster instance: {home}  (see the runs with: cd {project_dir(app.path)} && {dagster} dev)", flush=True)

@@ -112,11 +112,10 @@ def initialised_home(home: Path) -> Path:
 
 def single_slot_instance(home: Path) -> None:
     """An instance whose pools have one slot each: a slot a dead run keeps would block every later step."""
-    from vlm_assets.orchestration.home import INSTANCE_CONFIG_HEADER, instance_config_text
+    from vlm_assets.orchestration.home import instance_config_text
 
     home.mkdir(parents=True, exist_ok=True)
-    text = instance_config_text().removeprefix(INSTANCE_CONFIG_HEADER)
-    settings = yaml.safe_load(text)
+    settings = yaml.safe_load(instance_config_text())
     settings["concurrency"]["pools"]["default_limit"] = 1
     (home / "dagster.yaml").write_text(yaml.safe_dump(settings))
 

@@ -1,5 +1,6 @@
 """One default instance: with no $DAGSTER_HOME exported, `vlm-assets run` from anywhere and `dagster dev`
-(here `dagster instance info`, which finds its instance the same way) from the project directory agree."""
+(here `dagster instance info`, which finds its instance the same way) from the project directory agree,
+and both use the instance settings of the project's `dagster.yaml`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from vlm_assets.demo import write_demo
+from vlm_assets.orchestration.workers import default_workers
+from vlm_assets_tests.ui_support import Ui, free_port, stop_group, wait_for, wait_for_location
 
 pytestmark = pytest.mark.processes
 
@@ -68,3 +72,45 @@ def test_run_from_anywhere_and_dagster_dev_in_the_project_use_one_instance(tmp_p
     assert (own / "dagster.yaml").is_file()
     assert _dagster_home_seen_by_dagster(project) == str(own)
     assert f"DAGSTER_HOME={own}" in (project / ".env").read_text()
+
+
+INSTANCE_SETTINGS = "{ instance { runQueueConfig { maxConcurrentRuns } poolConfig { poolGranularity defaultPoolLimit } } }"
+
+
+def test_dagster_dev_from_the_project_directory_uses_the_projects_dagster_yaml(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(REPO / "workspace.yaml", project / "workspace.yaml")
+    settings = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    settings["concurrency"]["pools"]["default_limit"] = 5
+    settings["concurrency"]["runs"]["max_concurrent_runs"] = 3
+    (project / "dagster.yaml").write_text(yaml.safe_dump(settings))
+    write_demo(project / "demo")
+
+    planned = _cli(project, "run", "--config", "demo/vlm_assets.yaml", "--plan")
+    assert planned.returncode == 0, planned.stdout[-3000:]
+    written = (project / ".dagster_home" / "dagster.yaml").read_text()
+    assert str(project / "dagster.yaml") in written.splitlines()[0]
+
+    port = free_port()
+    log = tmp_path / "dagster-dev.log"
+    with open(log, "wb") as log_file:
+        dev = subprocess.Popen([str(VENV_BIN / "dagster"), "dev", "--host", "127.0.0.1", "--port", str(port)],
+                               cwd=project, env=_without_instance_variables(), stdout=log_file,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            ui = Ui(port)
+            wait_for_location(ui, 240, log)
+            instance = wait_for("the instance settings", 60, lambda: (ui.graphql(INSTANCE_SETTINGS)["instance"], None), log)
+        finally:
+            stop_group(dev, 30)
+    assert instance["runQueueConfig"]["maxConcurrentRuns"] == 3
+    assert instance["poolConfig"] == {"poolGranularity": "op", "defaultPoolLimit": 5}
+
+    # Settings the project leaves out: one pool slot and one run per core.
+    (project / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    assert _cli(project, "run", "--config", "demo/vlm_assets.yaml", "--plan").returncode == 0
+    cores = default_workers()
+    written = yaml.safe_load((project / ".dagster_home" / "dagster.yaml").read_text())
+    assert written["concurrency"] == {"pools": {"granularity": "op", "default_limit": cores},
+                                      "runs": {"max_concurrent_runs": cores}}

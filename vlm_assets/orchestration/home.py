@@ -11,13 +11,13 @@ from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import CONFIG_ENV_VAR
 from vlm_assets.orchestration.workers import default_workers
 
-# Instance templates ship inside the package, so a non-editable install finds them too.
-REPO_INSTANCE_CONFIG = Path(__file__).resolve().parents[1] / "instance" / "dagster.yaml"
-INSTANCE_CONFIG_HEADER = (
-    "# Written by vlm-assets from vlm_assets/instance/dagster.yaml (+ dagster.postgres.yaml when "
-    "$VLM_ASSETS_PG_HOST is set) and rewritten on every run; delete this line to keep your own edits.\n"
-)
-POSTGRES_TEMPLATE = REPO_INSTANCE_CONFIG.with_name("dagster.postgres.yaml")
+# The project's `dagster.yaml` (beside its workspace.yaml) holds the instance settings the user edits.
+# The package carries the repository's own (a link to it), for instances outside any project.
+PROJECT_INSTANCE_FILE = "dagster.yaml"
+PACKAGED_INSTANCE_CONFIG = Path(__file__).resolve().parents[1] / "instance" / PROJECT_INSTANCE_FILE
+# The instance's own dagster.yaml starts with this line while vlm-assets manages it.
+INSTANCE_CONFIG_HEADER = "# Written by vlm-assets from "
+POSTGRES_TEMPLATE = PACKAGED_INSTANCE_CONFIG.with_name("dagster.postgres.yaml")
 POSTGRES_HOST_ENV = "VLM_ASSETS_PG_HOST"
 # `dagster dev` finds its code location through this file in the directory it is started from, and
 # reads that directory's `.env` into its environment: the project directory (project_dir).
@@ -28,32 +28,46 @@ POSTGRES_DEFAULTS = {"VLM_ASSETS_PG_PORT": 5432, "VLM_ASSETS_PG_USER": "postgres
                      "VLM_ASSETS_PG_DB": "dagster"}
 
 
-def instance_config_text() -> str:
-    """The project's dagster.yaml, with PostgreSQL storage when $VLM_ASSETS_PG_HOST is set.
+def instance_settings_file(project: Path | None) -> Path:
+    """The project's dagster.yaml, else the one the package carries."""
+    own = project / PROJECT_INSTANCE_FILE if project else None
+    return own if own and own.is_file() else PACKAGED_INSTANCE_CONFIG
+
+
+def instance_config_text(settings_file: Path = PACKAGED_INSTANCE_CONFIG) -> str:
+    """The instance's dagster.yaml: `settings_file`'s settings, one pool slot and one run per core
+    where it leaves those limits out, and PostgreSQL storage when $VLM_ASSETS_PG_HOST is set.
 
     Set variables stay `{env: ...}` references (no password lands in the file); unset ones take
     POSTGRES_DEFAULTS.
     """
-    text = INSTANCE_CONFIG_HEADER + REPO_INSTANCE_CONFIG.read_text(encoding="utf-8").replace("{cores}", str(default_workers()))
+    settings = yaml.safe_load(settings_file.read_text(encoding="utf-8")) or {}
+    concurrency = settings.setdefault("concurrency", {})
+    (concurrency.get("pools") or concurrency.setdefault("pools", {})).setdefault("default_limit", default_workers())
+    (concurrency.get("runs") or concurrency.setdefault("runs", {})).setdefault("max_concurrent_runs", default_workers())
     if os.environ.get(POSTGRES_HOST_ENV):
         storage = yaml.safe_load(POSTGRES_TEMPLATE.read_text(encoding="utf-8"))
         fields = storage["storage"]["postgres"]["postgres_db"]
         for name, value in fields.items():
             if isinstance(value, dict) and not os.environ.get(value["env"]) and value["env"] in POSTGRES_DEFAULTS:
                 fields[name] = POSTGRES_DEFAULTS[value["env"]]
-        text += "\n" + yaml.safe_dump(storage, sort_keys=False)
-    return text
+        settings.update(storage)
+    source = settings_file.resolve()
+    header = (f"{INSTANCE_CONFIG_HEADER}{source}, rewritten on every run: edit that file, or delete this line "
+              "to keep your own edits here.\n")
+    return header + yaml.safe_dump(settings, sort_keys=False)
 
 
-def ensure_dagster_home(default: Path) -> Path:
-    """$DAGSTER_HOME, else `default`; its dagster.yaml (re)written from the project's unless the user owns it."""
+def ensure_dagster_home(default: Path, project: Path | None = None) -> Path:
+    """$DAGSTER_HOME, else `default`; its dagster.yaml (re)written from the project's settings
+    (instance_settings_file) unless the user owns it."""
     home = Path(os.environ.get("DAGSTER_HOME") or default).resolve()
     home.mkdir(parents=True, exist_ok=True)
     os.environ["DAGSTER_HOME"] = str(home)
     target = home / "dagster.yaml"
     current = target.read_text(encoding="utf-8") if target.exists() else None
     if current is None or current.startswith(INSTANCE_CONFIG_HEADER):
-        wanted = instance_config_text()
+        wanted = instance_config_text(instance_settings_file(project))
         if current != wanted:
             atomic_write_text(target, wanted)
     return home

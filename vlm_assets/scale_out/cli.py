@@ -9,7 +9,7 @@ import os
 
 from vlm_assets.arguments import whole_number
 from vlm_assets.config import CONFIG_ENV_VAR, load_config
-from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, default_home, ensure_dagster_home
+from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, default_home, ensure_dagster_home, project_dir
 from vlm_assets.orchestration.outage import require_reachable
 from vlm_assets.orchestration.workers import default_workers
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
@@ -41,7 +41,7 @@ def start_worker(args: argparse.Namespace) -> int:
     os.environ[CONFIG_ENV_VAR] = str(app.path)
     from vlm_assets.orchestration.instance import open_instance
 
-    home = ensure_dagster_home(default_home(app.path))
+    home = ensure_dagster_home(default_home(app.path), project_dir(app.path))
     require_reachable(home)
     with open_instance(home) as instance:
         storage = type(instance.run_storage).__name__
