@@ -2,7 +2,8 @@
 
 Generates --files media files (random bytes behind a JPEG / MP4 signature, sizes
 drawn 20 KiB – 1 MiB, a few larger "videos"), groups them into packed records of
-1–6 media each, then alternates, --repeat times, (a) `write_shards` into
+1–6 media each (a packed_json file and a catalogue naming each medium), then
+alternates, --repeat times, (a) `write_shards_from_jsonl` (what packed_wds_shards runs) into
 pretrain-*.tar with the configured maxsize and (b) `tar cf` of the same files
 into one archive. Both read warm page cache and write to the same disk; our
 writer also fsyncs every shard. Reports median MB/s (payload bytes / wall time)
@@ -14,6 +15,7 @@ and the ratio (target: ours >= 0.7x tar).
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import subprocess
@@ -21,9 +23,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from vlm_assets.packing.records import PackedRecord, RecordMedia
-from vlm_assets.packing.wds import write_shards
+from vlm_assets.catalog.lookup import SampleLookup
+from vlm_assets.catalog.schema import STATUS_OK
+from vlm_assets.packing.wds import write_shards_from_jsonl
 
 TARGET_RATIO = 0.7
 JPEG_MAGIC = b"\xff\xd8\xff\xe0" + bytes(60)
@@ -43,20 +48,21 @@ def make_media(directory: Path, count: int, seed: int = 0) -> list[Path]:
     return paths
 
 
-def make_records(paths: list[Path], seed: int = 0) -> list[PackedRecord]:
+def write_inputs(paths: list[Path], jsonl_path: Path, catalog_path: Path, seed: int = 0) -> int:
+    """Packed records of 1-6 media each (one sample per medium) and their catalogue; returns the record count."""
     rng = np.random.default_rng(seed)
-    records, start = [], 0
+    lines, start = [], 0
     while start < len(paths):
         group = paths[start : start + int(rng.integers(1, 7))]
         start += len(group)
-        media = tuple(
-            RecordMedia(f"{'vid' if p.suffix == '.mp4' else 'img'}{k}{p.suffix}", str(p)) for k, p in enumerate(group)
-        )
-        key = f"bench_ps_{len(records):08d}"
-        record = {"id": key, "sample_type": "packed_multi_mix_qa", "sample_ids": [p.stem for p in group],
-                  "media_files": [[item.member] for item in media]}
-        records.append(PackedRecord(record, media))
-    return records
+        members = [f"{'vid' if p.suffix == '.mp4' else 'img'}{k}{p.suffix}" for k, p in enumerate(group)]
+        record = {"id": f"bench_ps_{len(lines):08d}", "sample_type": "packed_multi_mix_qa",
+                  "sample_ids": [p.stem for p in group], "media_files": [[member] for member in members]}
+        lines.append(json.dumps(record) + "\n")
+    jsonl_path.write_text("".join(lines))
+    pq.write_table(pa.table({"sample_id": [p.stem for p in paths], "status": [STATUS_OK] * len(paths),
+                             "media_refs": [[str(p)] for p in paths]}), catalog_path)
+    return len(lines)
 
 
 def timed(work) -> float:
@@ -77,21 +83,25 @@ def main() -> None:
     media_dir = args.workdir / "media"
     paths = make_media(media_dir, args.files)
     payload = sum(path.stat().st_size for path in paths)
-    records = make_records(paths)
-    print(f"{len(paths)} media files, {payload / 1e6:.0f} MB, in {len(records)} packed records")
+    jsonl_path, catalog_path = args.workdir / "packed.jsonl", args.workdir / "catalog.parquet"
+    records = write_inputs(paths, jsonl_path, catalog_path)
+    print(f"{len(paths)} media files, {payload / 1e6:.0f} MB, in {records} packed records")
 
     ours_dir, tar_path = args.workdir / "shards", args.workdir / "baseline.tar"
     names = [path.name for path in paths]
     ours, tar = [], []
-    for _ in range(args.repeat):
-        ours.append(timed(lambda: write_shards(records, ours_dir, maxcount=10_000, maxsize=args.maxsize)))
-        tar_path.unlink(missing_ok=True)
-        tar.append(timed(lambda: subprocess.run(["tar", "cf", str(tar_path), "-C", str(media_dir), *names], check=True)))
+    with SampleLookup(catalog_path, ["media_refs"], near=jsonl_path) as samples:
+        for _ in range(args.repeat):
+            ours.append(timed(lambda: write_shards_from_jsonl(jsonl_path, samples, ours_dir, maxcount=10_000,
+                                                              maxsize=args.maxsize)))
+            tar_path.unlink(missing_ok=True)
+            tar.append(timed(lambda: subprocess.run(["tar", "cf", str(tar_path), "-C", str(media_dir), *names],
+                                                    check=True)))
     shards = sorted(ours_dir.glob("pretrain-*.tar"))
     ours_mbps = payload / 1e6 / statistics.median(ours)
     tar_mbps = payload / 1e6 / statistics.median(tar)
     print(f"{'writer':<30}{'median s':>10}{'MB/s':>10}   runs")
-    print(f"{'write_shards (ours, fsync)':<30}{statistics.median(ours):>10.2f}{ours_mbps:>10.0f}   "
+    print(f"{'write_shards_from_jsonl (fsync)':<30}{statistics.median(ours):>10.2f}{ours_mbps:>10.0f}   "
           f"{', '.join(f'{t:.2f}' for t in ours)}  ({len(shards)} shards)")
     print(f"{'tar cf':<30}{statistics.median(tar):>10.2f}{tar_mbps:>10.0f}   {', '.join(f'{t:.2f}' for t in tar)}")
     ratio = ours_mbps / tar_mbps

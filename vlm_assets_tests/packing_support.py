@@ -11,9 +11,11 @@ import numpy as np
 import pandas as pd
 
 from vlm_assets.atomic import write_parquet
+from vlm_assets.catalog.lookup import SampleLookup
 from vlm_assets.packing.binpack import Bins
 from vlm_assets.packing.plan import PackingOutcome, pack_source
 from vlm_assets.packing.records import RECORD_COLUMNS, PackedRecord, SampleRows, record_of_line
+from vlm_assets.packing.wds import ShardInfo, write_shards_from_jsonl
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,14 @@ def read_records(jsonl_path: Path, samples: SampleRows) -> Iterator[PackedRecord
     with open(jsonl_path, "rb") as handle:
         for line_number, line in enumerate(handle, start=1):
             yield record_of_line(line, samples, jsonl_path, line_number)
+
+
+def write_source_shards(jsonl_path: Path, catalog_path: Path, directory: Path, maxcount: int, maxsize: int = 10**9,
+                        **options) -> list[ShardInfo]:
+    """The shards of a `packed_json` file as packed_wds_shards writes them, media refs looked up in the
+    catalogue at `catalog_path`; `options` go to write_shards_from_jsonl."""
+    with SampleLookup(catalog_path, ["media_refs"], near=jsonl_path) as samples:
+        return write_shards_from_jsonl(jsonl_path, samples, directory, maxcount, maxsize, **options)
 
 
 def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> Bins:

@@ -295,16 +295,7 @@ def test_a_check_log_reader_sees_the_passes_and_leaves_what_it_proves_to_be_adop
     assert MediaCheckLog(log_path).passed(files[1], media_fingerprint(files[1], "image"))
 
 
-def test_a_log_of_an_earlier_version_is_taken_over_and_an_unreadable_one_set_aside(tmp_path):
-    lines = [json.dumps({"ref": f"/m/{number}.jpg", "fingerprint": f"{number}:1:image@1px"}) for number in range(50)]
-    legacy = tmp_path / "checks.jsonl"
-    legacy.write_text("\n".join(lines[:20] + ["{cut", *lines[20:]]) + "\n" + lines[10][:15])
-    log = MediaCheckLog(tmp_path / "checks.sqlite")
-    assert all(log.passed(f"/m/{n}.jpg", f"{n}:1:image@1px") for n in range(50))
-    assert not legacy.exists()
-    log.compact()
-    assert len(_refs(tmp_path / "checks.sqlite")) == 50
-
+def test_an_unreadable_log_is_set_aside(tmp_path):
     broken = tmp_path / "broken.sqlite"
     broken.write_bytes(b"not a database at all" * 100)
     assert not MediaCheckLog(broken, append=False).holds_any()  # a reader only finds nothing

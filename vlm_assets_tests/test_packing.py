@@ -47,8 +47,15 @@ from vlm_assets.packing.verify import (
     accounting_problems,
     check_shard_members,
 )
-from vlm_assets.packing.wds import list_shards, write_shards
-from vlm_assets_tests.packing_support import first_fit_decreasing, pack_files, pack_frames, read_records, samples_by_id
+from vlm_assets.packing.wds import list_shards
+from vlm_assets_tests.packing_support import (
+    first_fit_decreasing,
+    pack_files,
+    pack_frames,
+    read_records,
+    samples_by_id,
+    write_source_shards,
+)
 
 MAX = 100
 
@@ -366,7 +373,7 @@ def test_shards_hold_original_bytes_split_by_maxcount_and_rerun_is_byte_identica
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
     records = list(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix"))))
     out = tmp_path / "mix"
-    shards = write_shards(records, out, maxcount=2, maxsize=10**9)
+    shards = write_source_shards(jsonl, mix_layout.catalog("mix"), out, maxcount=2)
     assert [len(s.keys) for s in shards] == [2] * (len(records) // 2) + ([1] if len(records) % 2 else [])
     assert check_shard_members(list_shards(out), jsonl).problems == []
     with tarfile.open(shards[0].path) as archive:
@@ -378,12 +385,12 @@ def test_shards_hold_original_bytes_split_by_maxcount_and_rerun_is_byte_identica
             for item in packed.media:
                 assert archive.extractfile(f"{packed.key}.{item.member}").read() == Path(item.ref).read_bytes()
     first = _digests(out)
-    write_shards(list(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix")))), out, maxcount=2, maxsize=10**9)
+    write_source_shards(jsonl, mix_layout.catalog("mix"), out, maxcount=2)
     assert _digests(out) == first
 
     # Fewer, bigger shards: the earlier run's extra shards must not linger.
     (out / "pretrain-000001.tar.idx").write_bytes(b"stale energon index")
-    write_shards(records, out, maxcount=1000, maxsize=10**9)
+    write_source_shards(jsonl, mix_layout.catalog("mix"), out, maxcount=1000)
     assert sorted(_digests(out)) == ["pretrain-000000.tar"]
     assert check_shard_members(list_shards(out), jsonl).problems == []
 
@@ -392,7 +399,7 @@ def test_shard_members_are_checked_against_records_written_in_any_key_order(mix_
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
     records = list(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix"))))
     out = tmp_path / "mix"
-    write_shards(records, out, maxcount=2, maxsize=10**9)
+    write_source_shards(jsonl, mix_layout.catalog("mix"), out, maxcount=2)
     lines = [json.loads(line) for line in jsonl.read_bytes().splitlines()]
     # A conversation that spells the key the check looks for, as text (quotes escaped in a string).
     lines[0]["messages"][0]["messages"][0]["content"] = 'see ,"media_files":[["x.jpg"]] and ,"sample_type":"y"'
@@ -411,7 +418,7 @@ def test_shards_checked_before_are_not_read_again_while_they_and_their_records_a
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
     records = list(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix"))))
     out = tmp_path / "mix"
-    write_shards(records, out, maxcount=2, maxsize=10**9)
+    write_source_shards(jsonl, mix_layout.catalog("mix"), out, maxcount=2)
     shards = list_shards(out)
     checked = CheckedShards(tmp_path / "checked.json")
 
@@ -436,23 +443,12 @@ def test_shards_checked_before_are_not_read_again_while_they_and_their_records_a
 def test_maxsize_splits_and_no_empty_shards(mix_layout, tmp_path):
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
     records = list(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix"))))
-    shards = write_shards(records, tmp_path / "s", maxcount=1000, maxsize=1024)  # every sample exceeds 1 KiB
+    shards = write_source_shards(jsonl, mix_layout.catalog("mix"), tmp_path / "s", maxcount=1000, maxsize=1024)  # every sample exceeds 1 KiB
     assert [len(s.keys) for s in shards] == [1] * len(records)
-    assert write_shards([], tmp_path / "s", maxcount=10, maxsize=10**9) == []
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    assert write_source_shards(empty, mix_layout.catalog("mix"), tmp_path / "s", maxcount=10) == []
     assert list_shards(tmp_path / "s") == []
-
-
-def test_shards_written_by_three_threads_are_the_bytes_one_thread_writes(mix_layout, tmp_path):
-    jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
-    catalog = samples_by_id(_catalog(mix_layout, "mix"))
-    one, three = tmp_path / "one", tmp_path / "three"
-    single = write_shards(read_records(jsonl, catalog), one, maxcount=1, maxsize=10**9)
-    reported: list[str] = []
-    several = write_shards(read_records(jsonl, catalog), three, maxcount=1, maxsize=10**9,
-                           on_sample=reported.append, threads=3)
-    assert len(single) > 3 and [shard.keys for shard in several] == [shard.keys for shard in single]
-    assert sorted(reported) == sorted(key for shard in single for key in shard.keys)
-    assert _digests(three) == _digests(one)
 
 
 def test_shards_prepared_by_two_processes_are_the_bytes_one_process_writes(mix_layout, tmp_path, monkeypatch):
@@ -460,8 +456,7 @@ def test_shards_prepared_by_two_processes_are_the_bytes_one_process_writes(mix_l
 
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
     monkeypatch.setattr(wds, "JSONL_CHUNK_BYTES", 1)  # one record per chunk: both processes get several
-    one, two, serial = tmp_path / "one", tmp_path / "two", tmp_path / "serial"
-    write_shards(read_records(jsonl, samples_by_id(_catalog(mix_layout, "mix"))), serial, maxcount=1, maxsize=10**9)
+    one, two = tmp_path / "one", tmp_path / "two"
     reported: list[str] = []
     with SampleLookup(mix_layout.catalog("mix"), ["media_refs"], near=jsonl) as samples:
         single = wds.write_shards_from_jsonl(jsonl, samples, one, maxcount=1, maxsize=10**9)
@@ -469,7 +464,7 @@ def test_shards_prepared_by_two_processes_are_the_bytes_one_process_writes(mix_l
                                               on_sample=reported.append, processes=2)
     assert len(single) > 3 and [shard.keys for shard in several] == [shard.keys for shard in single]
     assert sorted(reported) == sorted(key for shard in single for key in shard.keys)
-    assert _digests(two) == _digests(one) == _digests(serial)
+    assert _digests(two) == _digests(one)
     assert check_shard_members(list_shards(two), jsonl, processes=2).problems == []
 
     # A record whose sample left the catalogue: the error names packed_json's line, from a chunk process too.
@@ -523,10 +518,10 @@ def test_exception_mid_write_leaves_no_half_shard_and_rerun_recovers(mix_layout,
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
     catalog = samples_by_id(_catalog(mix_layout, "mix"))
     clean = tmp_path / "clean"
-    write_shards(read_records(jsonl, catalog), clean, maxcount=2, maxsize=10**9)
+    write_source_shards(jsonl, mix_layout.catalog("mix"), clean, maxcount=2)
 
     out = tmp_path / "out"
-    write_shards(read_records(jsonl, catalog), out, maxcount=1, maxsize=10**9)  # an earlier, different run
+    write_source_shards(jsonl, mix_layout.catalog("mix"), out, maxcount=1)  # an earlier, different run
     calls = []
 
     def explode(key: str) -> None:
@@ -535,12 +530,12 @@ def test_exception_mid_write_leaves_no_half_shard_and_rerun_recovers(mix_layout,
             raise RuntimeError("injected failure")
 
     with pytest.raises(RuntimeError, match="injected"):
-        write_shards(read_records(jsonl, catalog), out, maxcount=2, maxsize=10**9, on_sample=explode)
+        write_source_shards(jsonl, mix_layout.catalog("mix"), out, maxcount=2, on_sample=explode)
     assert not list(out.glob(".*.tmp"))
     for shard in list_shards(out):  # whatever is there is a complete tar
         with tarfile.open(shard) as archive:
             assert archive.getnames()
-    write_shards(read_records(jsonl, catalog), out, maxcount=2, maxsize=10**9)
+    write_source_shards(jsonl, mix_layout.catalog("mix"), out, maxcount=2)
     assert _digests(out) == _digests(clean)
 
 
@@ -548,9 +543,7 @@ KILL_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from vlm_assets_tests.catalog_support import read_catalog
-    from vlm_assets_tests.packing_support import read_records, samples_by_id
-    from vlm_assets.packing.wds import write_shards
+    from vlm_assets_tests.packing_support import write_source_shards
 
     jsonl, catalog, out = sys.argv[1:4]
     seen = []
@@ -558,7 +551,7 @@ KILL_SCRIPT = textwrap.dedent(
         seen.append(key)
         if len(seen) == 3:
             os.kill(os.getpid(), signal.SIGKILL)
-    write_shards(read_records(Path(jsonl), samples_by_id(read_catalog(Path(catalog)))), Path(out), 2, 10**9, on_sample=die)
+    write_source_shards(Path(jsonl), Path(catalog), Path(out), 2, on_sample=die)
     """
 )
 
@@ -567,7 +560,7 @@ def test_process_killed_mid_write_then_rerun_is_identical_to_a_clean_run(mix_lay
     jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
     catalog = samples_by_id(_catalog(mix_layout, "mix"))
     clean = tmp_path / "clean"
-    write_shards(read_records(jsonl, catalog), clean, maxcount=2, maxsize=10**9)
+    write_source_shards(jsonl, mix_layout.catalog("mix"), clean, maxcount=2)
 
     out = tmp_path / "out"
     result = subprocess.run(
@@ -577,7 +570,7 @@ def test_process_killed_mid_write_then_rerun_is_identical_to_a_clean_run(mix_lay
     assert result.returncode == -signal.SIGKILL, result.stderr.decode()
     assert list(out.glob(".pretrain-000001.tar~*.tmp")), "the killed writer should leave only a temp file"
     assert [p.name for p in list_shards(out)] == ["pretrain-000000.tar"]
-    write_shards(read_records(jsonl, catalog), out, maxcount=2, maxsize=10**9)
+    write_source_shards(jsonl, mix_layout.catalog("mix"), out, maxcount=2)
     assert _digests(out) == _digests(clean)
 
 
@@ -590,7 +583,7 @@ def test_energon_prepare_and_loader_see_every_sample(media, tmp_path):
         for i in range(7)
     ])
     jsonl = _write_packed(layout, "vqa", "packed_vqa")
-    shards = write_shards(read_records(jsonl, samples_by_id(_catalog(layout, "vqa"))), layout.packed_wds("vqa"), 2, 10**9)
+    shards = write_source_shards(jsonl, layout.catalog("vqa"), layout.packed_wds("vqa"), 2)
     dataset = prepare_energon_dataset(layout.packed_wds("vqa"), [s.path for s in shards], {"sample_type": "packed_vqa"})
     meta = dataset.meta_dir
     for name in ("dataset.yaml", "split.yaml", ".info.json", "index.sqlite"):

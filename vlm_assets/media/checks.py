@@ -10,7 +10,6 @@ objects, in every process that checks media).
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -211,8 +210,7 @@ class MediaCheckLog:
         if self._connection is not None:
             return self._connection
         if not self.path.is_file():
-            # A log of an earlier version is taken over by the writer (see _import_json_lines_log).
-            if not (self.append and (create or _legacy_log(self.path).is_file())):
+            if not (self.append and create):
                 return None
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -285,30 +283,7 @@ def _connect(path: Path, writer: bool) -> sqlite3.Connection:
         # Room for the passes of COMMIT_EVERY_S: a transaction that outgrows the cache locks readers out.
         connection.execute("PRAGMA cache_size = -16384")
         connection.execute(_SCHEMA)
-        _import_json_lines_log(connection, _legacy_log(path))
         connection.commit()
     else:
         connection.execute("SELECT 1 FROM passes LIMIT 1").fetchall()  # raises DatabaseError if it is no log
     return connection
-
-
-def _legacy_log(path: Path) -> Path:
-    """Where an earlier version kept the log now at `path` (`<source>.media_checks.jsonl`; never `path` itself)."""
-    legacy = path.with_suffix(".jsonl")
-    return legacy if legacy != path else path.with_name(path.name + ".jsonl")
-
-
-def _import_json_lines_log(connection: sqlite3.Connection, legacy: Path) -> None:
-    """Take over the passes of a log written by an earlier version (JSON lines, `{"ref", "fingerprint"}`
-    each), so an upgrade does not decode every medium again; the old file goes once they are in."""
-    if not legacy.is_file():
-        return
-    with open(legacy, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                entry = json.loads(line)
-                connection.execute(_UPSERT, (str(entry["ref"]), str(entry["fingerprint"]), 0))
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by an interrupted build: that check simply runs again
-    connection.commit()
-    legacy.unlink()

@@ -91,25 +91,6 @@ def list_shards(directory: Path) -> list[Path]:
     return sorted(path for path in directory.iterdir() if SHARD_PATTERN.match(path.name))
 
 
-def write_shards(
-    records: Iterable[PackedRecord],
-    directory: Path,
-    maxcount: int,
-    maxsize: int,
-    on_sample: Callable[[str], None] | None = None,
-    threads: int = 1,
-) -> list[ShardInfo]:
-    """Write every record to `directory/pretrain-NNNNNN.tar`; returns the shards written.
-
-    Shards are cut as the records stream by, and each is written as soon as it is complete, by one
-    of `threads` writer threads (the copying happens in the kernel, outside the GIL): memory holds
-    the shards in flight, never the whole source, and the bytes do not depend on `threads`.
-    `on_sample(key)` is called after each sample's bytes are written, from the writing thread
-    (progress; it may raise to abort, which leaves no partial shard under a final name).
-    """
-    return _write_samples(map(_sample_members, records), directory, maxcount, maxsize, on_sample, threads)
-
-
 @dataclass(frozen=True)
 class KeptShards:
     """packing.mode append: the shards already written, kept byte for byte, and how many of
@@ -130,12 +111,18 @@ def write_shards_from_jsonl(
     kept: KeptShards | None = None,
     media_copies: MediaCopies | None = None,
 ) -> list[ShardInfo]:
-    """`write_shards` of `packed_json`'s records, each record's members prepared by one of `processes` processes.
+    """Write `packed_json`'s records to `directory/pretrain-NNNNNN.tar`, each record's members prepared by one
+    of `processes` processes; returns the shards written.
 
     `samples` (with a `media_refs` column) stays open meanwhile: the chunk processes read its index file.
     `kept` (packing.mode append, see `kept_shards`): only the records after the kept shards' are
     written, into new shards numbered after them. Media on object storage are taken from
-    `media_copies` where the catalogue kept a copy. Returns the shards written.
+    `media_copies` where the catalogue kept a copy.
+
+    Shards are cut as the records stream by and written as soon as each is complete: memory holds the
+    shards in flight, never the whole source, and the bytes do not depend on `processes`.
+    `on_sample(key)` is called once each sample's bytes are written (progress; it may raise to abort,
+    which leaves no partial shard under a final name).
     """
     kept = kept or KeptShards([], 0)
     try:
