@@ -33,6 +33,8 @@ from vlm_assets_tests.processor_families import FAMILIES, direct_length, family_
 from vlm_assets_tests.run_support import run
 from vlm_assets_tests.test_frames import make_video
 
+pytestmark = pytest.mark.families
+
 CLIPS = FrameCacheConfig(num_frames=8, frame_size=112, rows=2, cols=4)
 NO_VIDEO = {"gemma3", "llava_next", "mistral3"}
 # The families whose images the fast path counts with arithmetic other than Qwen-VL's image processor's.

@@ -11,6 +11,8 @@ from PIL import Image
 
 from vlm_assets_tests.processor_families import FAMILIES, PROCESSOR_CLASSES, SPECIAL_TOKENS, family_processor_dir
 
+pytestmark = pytest.mark.families
+
 CONVERSATION = [
     {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}]},
 ]
