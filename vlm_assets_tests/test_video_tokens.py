@@ -38,7 +38,9 @@ from vlm_assets_tests.processor_families import direct_length, family_processor_
 
 # An odd number of frames: Qwen3-VL fills the last temporal patch with the clip's last frame.
 FRAME_CACHE = FrameCacheConfig(num_frames=7, frame_size=96, rows=2, cols=4)
-VIDEO_FAMILIES = ("qwen3_vl", "qwen2_vl")
+VIDEO_FAMILIES = ("qwen3_vl", "qwen2_vl", "llava_onevision", "internvl")
+# Families whose clip text is the same for every clip of the frame cache's shape: its tokens follow no clip fact.
+FIXED_CLIP_TEXT_FAMILIES = ("llava_onevision", "internvl")
 HELD_OUT_CLIPS = (
     "decord/tests/test_data/video_0.mov", "decord/tests/test_data/video_180.mov",
     "decord/tests/test_data/video_270.mov", "decord/tests/test_data/unordered.mov",
@@ -112,6 +114,32 @@ def test_held_out_clips_counted_from_their_facts_equal_a_direct_processor_call(f
         assert (ours.text_tokens, ours.video_tokens) == (exact.text_tokens, exact.video_tokens), sample.sample_id
     counted = counter.count(held_out_samples)
     assert [result.token_len for result in counted] == [result.token_len for result in map(counter.complete, measured)]
+
+
+@pytest.mark.parametrize("family", FIXED_CLIP_TEXT_FAMILIES)
+def test_clips_of_a_fixed_text_counted_without_their_facts_equal_a_direct_processor_call(family, processors,
+                                                                                        held_out_samples, shared_data):
+    """LLaVA-OneVision pools each frame to a fixed grid; InternVL writes "Frame{i}: <img>…</img>" per frame
+    with its image tokens. Neither needs the clips' facts: the held-out clips, and a clip beside a real image
+    (where the exact path counts InternVL's frames among the image tokens), are counted by the fast path
+    alone, split into text, image and video tokens as the exact path splits them."""
+    processor = processors[family]
+    counter = counter_for(processor, None)
+    assert counter.modalities.fast_videos and counter.modalities.fast_images
+    assert not counter.modalities.video_expansion.needs_clip_facts
+    mixed = SampleForLength("mixed/0", json.dumps([{"role": "user", "content": "<image>\nAnd <video>: same scene?"},
+                                                   {"role": "assistant", "content": "No."}]),
+                            ["image", "video"], [str(shared_data / "LLaMA-Factory/data/mllm_demo_data/1.jpg"),
+                                                 held_out_samples[0].media_refs[0]])
+    samples = [*held_out_samples, mixed]
+    assert all(fast_path_counts(sample, counter.modalities, counter.text, True) for sample in samples)
+    measured = measure_samples(samples, counter.text, counter.modalities)
+    for sample, ours in zip(samples, map(counter.complete, measured), strict=True):
+        exact = counter.exact(sample)
+        assert ours.status == "ok", (sample.sample_id, ours.reason)
+        assert ours.token_len == direct_length(processor, sample, FRAME_CACHE), sample.sample_id
+        assert (ours.text_tokens, ours.image_tokens, ours.video_tokens) == (
+            exact.text_tokens, exact.image_tokens, exact.video_tokens), sample.sample_id
 
 
 def test_qwen3_vl_writes_each_clips_times_as_its_processor_prints_them(processors, held_out_samples, spool):

@@ -83,6 +83,9 @@ class MeasuredSample:
     image_sizes: tuple[tuple[int, int], ...]  # (height, width) after EXIF orientation
     videos: int
     error: str = ""  # why the text or an image could not be measured: the sample's rejection reason
+    # Its clips are written with the processor's image tokens and it has images: the exact path's split
+    # counts the clips' tokens among its image tokens.
+    video_tokens_are_image_tokens: bool = False
 
     @property
     def grouped_images(self) -> bool:
@@ -109,6 +112,8 @@ class Modalities:
     video_patch_text: str = ""
     video_patch_frames: int = 0
     video_tokens_in_patch: int = 1
+    video_spelled_with_image_tokens: bool = False
+    video_clip_tokens: int = 0  # a clip's tokens in that text, for a video processor without a patch count
 
     def with_image_expansion(self, expansion: ImageExpansion) -> Modalities:
         return replace(self, image_placeholder=expansion.placeholder, image_expansion=expansion.text,
@@ -119,14 +124,17 @@ class Modalities:
 
     def with_video_expansion(self, expansion: VideoExpansion) -> Modalities:
         return replace(self, video_placeholder=expansion.placeholder, video_patch_text=expansion.patch_text,
-                       video_patch_frames=expansion.patch_frames, video_tokens_in_patch=expansion.video_tokens_in_patch)
+                       video_patch_frames=expansion.patch_frames, video_tokens_in_patch=expansion.video_tokens_in_patch,
+                       video_spelled_with_image_tokens=expansion.spelled_with_image_tokens,
+                       video_clip_tokens=expansion.clip_tokens)
 
     @property
     def video_expansion(self) -> VideoExpansion | None:
         if not self.video_placeholder:
             return None
         return VideoExpansion(self.video_placeholder, self.video_patch_text, self.video_patch_frames,
-                              self.video_tokens_in_patch)
+                              self.video_tokens_in_patch, self.video_spelled_with_image_tokens,
+                              self.video_clip_tokens)
 
     def video_clips(self, sample: SampleForLength, clip_facts: ClipFacts | None) -> list[SampledFrames | None] | None:
         """The facts of the sample's clips that its videos' text needs (None: one of them is not known)."""
@@ -220,10 +228,21 @@ def supports_fast_images(processor: Any) -> bool:
 
 
 def supports_fast_videos(processor: Any) -> bool:
-    """Whether the processor has the arithmetic the fast path counts videos with (whether it is right, probes tell)."""
-    video_processor = getattr(processor, "video_processor", None)
-    return (hasattr(processor, "video_token") and hasattr(video_processor, "merge_size")
-            and hasattr(video_processor, "get_num_of_video_patches"))
+    """Whether the processor has what the fast path counts videos with: a video token whose replacement it
+    reports, and a clip's tokens by its video processor's patch count or counted in that replacement
+    (`clip_video_tokens`). Whether the count is right, probes tell."""
+    return hasattr(processor, "video_token") and getattr(processor, "video_processor", None) is not None
+
+
+def clip_video_tokens(processor: Any, frame_cache: FrameCacheConfig, modalities: Modalities) -> int:
+    """A clip's video tokens at the frame cache's shape: by the video processor's patch count, else as
+    counted in the processor's text for such a clip (the clip expansion of `modalities`)."""
+    counted = video_tokens_for_shape(processor, frame_cache.num_frames, frame_cache.frame_size)
+    if counted is not None:
+        return counted
+    if not modalities.video_clip_tokens:
+        raise TypeError(f"no video-token count for {modalities.processor_class}")
+    return modalities.video_clip_tokens
 
 
 def decode_video_frames(ref: str, settings: FrameCacheConfig) -> tuple[SampledFrames, np.ndarray]:
@@ -377,8 +396,7 @@ class LengthCounter:
     @property
     def video_tokens_per_clip(self) -> int:
         if self._tokens_per_clip is None:
-            self._tokens_per_clip = video_tokens_for_shape(self.processor, self.frame_cache.num_frames,
-                                                           self.frame_cache.frame_size)
+            self._tokens_per_clip = clip_video_tokens(self.processor, self.frame_cache, self.modalities)
         return self._tokens_per_clip
 
     def count(self, samples: Sequence[SampleForLength], batch_size: int = 256) -> list[LengthResult]:
@@ -421,6 +439,8 @@ def completed_length(measured: MeasuredSample, image_tokens_for_size: Callable[[
         video_total = measured.videos * video_tokens_per_clip() if measured.videos else 0
     except Exception as error:  # same failure classes as the exact path
         return LengthResult.rejected(measured.sample_id, f"{type(error).__name__}: {error}")
+    if measured.video_tokens_are_image_tokens:
+        image_total, video_total = image_total + video_total, 0
     return LengthResult(
         measured.sample_id, STATUS_OK, "", measured.text_tokens + image_total + video_total,
         measured.text_tokens, image_total, video_total,
@@ -465,5 +485,7 @@ def measure_samples(
         # The rendered text holds the expansions' video tokens per video and image tokens per image; the
         # processor's own counts replace them.
         pads = video_pads + len(sizes) * modalities.image_tokens_in_expansion
-        results[index] = MeasuredSample(samples[index].sample_id, count - pads, sizes, videos)
+        results[index] = MeasuredSample(samples[index].sample_id, count - pads, sizes, videos,
+                                        video_tokens_are_image_tokens=bool(
+                                            videos and sizes and modalities.video_spelled_with_image_tokens))
     return [result for result in results if result is not None]

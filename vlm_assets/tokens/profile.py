@@ -33,6 +33,8 @@ from vlm_assets.tokens.lengths import (
     MeasuredSample,
     Modalities,
     SampleForLength,
+    clip_video_tokens,
+    completed_length,
     measure_samples,
     modalities_of,
     supports_fast_images,
@@ -44,7 +46,7 @@ from vlm_assets.tokens.processor import RECENT_WRITE_NS, default_cache_dir, proc
 from vlm_assets.tokens.text import store_text_spec, stored_text_spec, text_spec_of
 from vlm_assets.tokens.video_tokens import VideoExpansion, video_expansion
 
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 
 # Probe conversations in the catalogue's form (<image>/<video> placeholders), chosen to put media
 # next to text, newlines and each other, in first and later turns.
@@ -167,8 +169,10 @@ def prove_fast_path(processor: Any, frame_cache: FrameCacheConfig) -> Modalities
         def equal(probes: tuple[tuple[list[dict[str, str]], tuple[str, ...]], ...]) -> bool:
             samples = [_probe_sample(number, turns, [refs[name] for name in media])
                        for number, (turns, media) in enumerate(probes)]
-            fast = [counter.complete(measured) for measured in measure_samples(
-                samples, counter.text, everything_fast, reject_control_tokens=False, clip_facts=clips.get)]
+            fast = [completed_length(measured, counter.image_tokens_for_size,
+                                     lambda: clip_video_tokens(processor, frame_cache, everything_fast))
+                    for measured in measure_samples(samples, counter.text, everything_fast,
+                                                    reject_control_tokens=False, clip_facts=clips.get)]
             exact = [counter.exact(sample) for sample in samples]
             return all(_counts(f) == _counts(e) and e.status == "ok" for f, e in zip(fast, exact, strict=True))
 

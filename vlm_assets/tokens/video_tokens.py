@@ -2,7 +2,9 @@
 
 Every clip of the frame cache has the same shape (`num_frames` frames at `frame_size`²), so its video
 tokens are one number per shape: the video processor's public `get_num_of_video_patches` over its
-`merge_size`². What a family writes around those tokens may follow the clip: Qwen3-VL puts each
+`merge_size`² where it has them (Qwen-VL), else the marked tokens of the processor's own text for a
+clip of that shape (LLaVA-OneVision pools each frame to a fixed grid; InternVL writes each frame
+with its image tokens). What a family writes around those tokens may follow the clip: Qwen3-VL puts each
 temporal patch's time in the clip before it ("<3.6 seconds>"), from the clip's fps and the frame
 indices the cache sampled. That text is tokenised with the sample's own text, as the processor
 tokenises it, with the clip's facts taken from the catalogue's decoding pass (vlm_assets.frames.spool)
@@ -38,6 +40,10 @@ class VideoExpansion:
     patch_text: str  # one temporal patch's text, its time at TIME_SLOT; without one, the whole clip's text
     patch_frames: int  # frames per temporal patch, whose first and last frames' mean time is printed (0: no times)
     video_tokens_in_patch: int  # runs of video tokens in `patch_text`
+    # Whether the clip is written with the processor's image tokens (InternVL's frames), which a sample
+    # with images counts among its image tokens, as the exact path splits them.
+    spelled_with_image_tokens: bool = False
+    clip_tokens: int = 0  # the marked tokens of the processor's text for the clip it reported it for
 
     @property
     def needs_clip_facts(self) -> bool:
@@ -67,9 +73,12 @@ def patch_times(frame_indices: Sequence[int], fps: float, patch_frames: int) -> 
     return [(seconds[start] + seconds[start + patch_frames - 1]) / 2 for start in range(0, len(seconds), patch_frames)]
 
 
-def video_tokens_for_shape(processor: Any, num_frames: int, frame_size: int) -> int:
-    """A clip's video tokens at the frame cache's shape, by the video processor's public patch count."""
+def video_tokens_for_shape(processor: Any, num_frames: int, frame_size: int) -> int | None:
+    """A clip's video tokens at the frame cache's shape by the video processor's public patch count (None:
+    it has none; the processor's text for such a clip counts them, `VideoExpansion.clip_tokens`)."""
     video_processor = processor.video_processor
+    if not (hasattr(video_processor, "merge_size") and hasattr(video_processor, "get_num_of_video_patches")):
+        return None
     patches = video_processor.get_num_of_video_patches(num_frames, frame_size, frame_size, {})
     return patches // video_processor.merge_size**2
 
@@ -77,23 +86,33 @@ def video_tokens_for_shape(processor: Any, num_frames: int, frame_size: int) -> 
 def video_expansion(processor: Any, rendered: str, frames: Any, clip: SampledFrames,
                     metadata: Any) -> VideoExpansion | None:
     """The processor's replacement for the one clip placeholder of `rendered`, as it reports it for `frames`
-    with `metadata` (the facts of `clip`); None where its text is not one this module writes."""
-    encoded = processor(text=[rendered], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
-                        return_text_replacement_offsets=True)
-    (replaced,) = encoded["text_replacement_offsets"][0]
+    with `metadata` (the facts of `clip`); None where its text is not one this module writes. Its tokens
+    follow no pixel: where the probes prove they follow no clip fact either, they are every clip's."""
+    replaced = _clip_replacement(processor, rendered, frames, metadata)
+    clip_tokens = _count_clip_tokens(processor, replaced["replacement"])
     text, runs = _cut_video_runs(processor, replaced["replacement"])
-    if runs == 1:
-        # One run for the whole clip: a text that no clip fact enters (the probes check it on clips of other facts).
-        return VideoExpansion(replaced["text"], text, 0, 1)
-    patch_frames = getattr(processor.video_processor, "temporal_patch_size", 0)
-    if not patch_frames:
+    if runs == 0:
         return None
+    spelled_with_image_tokens = not _cut_video_runs(processor, replaced["replacement"], video_only=True)[1]
+    patch_frames = getattr(processor.video_processor, "temporal_patch_size", 0)
+    if runs == 1 or not patch_frames:
+        # A text for the whole clip that no clip fact enters (the probes check it on clips of other facts).
+        return VideoExpansion(replaced["text"], text, 0, runs, spelled_with_image_tokens, clip_tokens)
     times = [f"{seconds:.1f}" for seconds in patch_times(clip.frame_indices, clip.fps, patch_frames)]
     patch = _patch_with_time_slot(text, times)
     if patch is None:
         return None
-    expansion = VideoExpansion(replaced["text"], patch, patch_frames, runs // len(times))
+    expansion = VideoExpansion(replaced["text"], patch, patch_frames, runs // len(times), spelled_with_image_tokens,
+                               clip_tokens)
     return expansion if expansion.clip_text(clip) == text else None
+
+
+def _clip_replacement(processor: Any, text: str, frames: Any, metadata: Any) -> dict[str, Any]:
+    """What the processor reports it put in place of the one clip placeholder of `text` for `frames`."""
+    encoded = processor(text=[text], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
+                        return_text_replacement_offsets=True)
+    (replaced,) = encoded["text_replacement_offsets"][0]
+    return replaced
 
 
 def _patch_with_time_slot(text: str, times: list[str]) -> str | None:
@@ -107,11 +126,27 @@ def _patch_with_time_slot(text: str, times: list[str]) -> str | None:
     return None if end < 0 else before + TIME_SLOT + text[after_first:end]
 
 
-def _cut_video_runs(processor: Any, replacement: str) -> tuple[str, int]:
-    """`replacement` with each run of video tokens cut to one token, and how many runs there were."""
-    image_ids = set(marked_token_ids(processor, "image"))
-    video_ids = [token_id for token_id in marked_token_ids(processor, "video") if token_id not in image_ids]
-    tokens = processor.tokenizer.convert_ids_to_tokens(video_ids)
+def _clip_token_ids(processor: Any, video_only: bool = False) -> list[int]:
+    """The ids a clip's tokens may be: the processor's video tokens, and its image tokens, with which a
+    family may write video frames (InternVL, GLM-4.1V)."""
+    video_ids = marked_token_ids(processor, "video")
+    return video_ids if video_only else [*video_ids, *marked_token_ids(processor, "image")]
+
+
+def _count_clip_tokens(processor: Any, replacement: str) -> int:
+    """The clip's tokens in `replacement`: special tokens, written out whole."""
+    tokens = sorted(set(processor.tokenizer.convert_ids_to_tokens(_clip_token_ids(processor))), key=len, reverse=True)
+    return len(re.findall("|".join(map(re.escape, tokens)), replacement)) if tokens else 0
+
+
+def _cut_video_runs(processor: Any, replacement: str, video_only: bool = False) -> tuple[str, int]:
+    """`replacement` with each run of a clip's tokens cut to one token, and how many runs there were
+    (`video_only`: runs of the processor's video tokens alone)."""
+    tokens = processor.tokenizer.convert_ids_to_tokens(_clip_token_ids(processor, video_only))
+    if not tokens:
+        return replacement, 0
+    # Longest first: a token that begins another (<img> and <img_x>) does not end its run early.
+    tokens = sorted(set(tokens), key=len, reverse=True)
     run = re.compile("(?:" + "|".join(map(re.escape, tokens)) + ")+")
     return run.subn(lambda match: next(token for token in tokens if match.group().startswith(token)), replacement)
 
