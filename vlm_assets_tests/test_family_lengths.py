@@ -145,8 +145,9 @@ def test_each_family_says_what_it_takes_and_which_path_counts(processors):
     assert described["llava_next"].endswith("takes text, images; lengths by path: text: fast, images: fast")
     assert described["mistral3"].startswith("PixtralProcessor (model types mistral3")
     assert described["mistral3"].endswith("takes text, images; lengths by path: text: fast, images: fast")
-    # GLM-4.1V merges patches as Qwen2-VL does; its videos print each frame's second.
-    assert described["glm4v"].endswith("text: fast, images: fast, videos: exact")
+    # GLM-4.1V merges patches as Qwen2-VL does; its clips print each temporal patch's whole second, which the
+    # fast path writes from the clip's fps and frame indices.
+    assert described["glm4v"].endswith("text: fast, images: fast, videos: fast")
     for family in FAMILIES:
         assert family in described[family].split(";")[0]
 

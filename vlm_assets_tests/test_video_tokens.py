@@ -2,7 +2,8 @@
 
 The catalogue's decoding pass keeps each clip's frame count, fps and sampled frame indices (its
 mosaic spool). From those the fast path writes what Qwen3-VL prints before each temporal patch
-("<3.6 seconds>"); Qwen2-VL prints nothing that follows the clip. Held-out real clips (of other
+("<3.6 seconds>") and GLM-4.1V after each one's frame ("…<|end_of_image|>19"); Qwen2-VL prints nothing
+that follows the clip. Held-out real clips (of other
 containers, codecs, rotations, rates and lengths than the other tests use) are counted so and
 compared with a direct call of the processor; a clip the spool does not know, and a processor
 that prints other times, are counted by the exact path.
@@ -38,7 +39,9 @@ from vlm_assets_tests.processor_families import direct_length, family_processor_
 
 # An odd number of frames: Qwen3-VL fills the last temporal patch with the clip's last frame.
 FRAME_CACHE = FrameCacheConfig(num_frames=7, frame_size=96, rows=2, cols=4)
-VIDEO_FAMILIES = ("qwen3_vl", "qwen2_vl", "llava_onevision", "internvl")
+VIDEO_FAMILIES = ("qwen3_vl", "qwen2_vl", "llava_onevision", "internvl", "glm4v")
+# Families whose clip text prints each temporal patch's time.
+TIMED_CLIP_TEXT_FAMILIES = ("qwen3_vl", "glm4v")
 # Families whose clip text is the same for every clip of the frame cache's shape: its tokens follow no clip fact.
 FIXED_CLIP_TEXT_FAMILIES = ("llava_onevision", "internvl")
 HELD_OUT_CLIPS = (
@@ -142,10 +145,12 @@ def test_clips_of_a_fixed_text_counted_without_their_facts_equal_a_direct_proces
             exact.text_tokens, exact.image_tokens, exact.video_tokens), sample.sample_id
 
 
-def test_qwen3_vl_writes_each_clips_times_as_its_processor_prints_them(processors, held_out_samples, spool):
+@pytest.mark.parametrize("family", TIMED_CLIP_TEXT_FAMILIES)
+def test_each_clips_times_are_written_as_its_processor_prints_them(family, processors, held_out_samples, spool):
     """The text of every held-out clip (rates of 10 to 32 fps, a variable one, 3 to 300 frames) equals the
-    processor's own replacement for that clip, its video tokens cut to one run per temporal patch."""
-    processor = processors["qwen3_vl"]
+    processor's own replacement for that clip, its video tokens cut to one run per temporal patch: Qwen3-VL's
+    mean time of a patch to a tenth of a second, GLM-4.1V's first frame's whole seconds."""
+    processor = processors[family]
     expansion = prove_fast_path(processor, FRAME_CACHE).video_expansion
     assert expansion is not None and expansion.needs_clip_facts and TIME_SLOT in expansion.patch_text
     frames = np.zeros((FRAME_CACHE.num_frames, FRAME_CACHE.frame_size, FRAME_CACHE.frame_size, 3), dtype=np.uint8)
@@ -163,6 +168,30 @@ def test_qwen3_vl_writes_each_clips_times_as_its_processor_prints_them(processor
         # Seven frames in temporal patches of two: four patches, the last one filled with the last frame.
         assert expansion.video_tokens_in_clip(clip) == 4
     assert len(rates) >= 4
+
+
+def test_glm4v_clips_beside_an_image_are_counted_as_its_exact_path_splits_them(processors, held_out_samples, spool,
+                                                                              shared_data):
+    """GLM-4.1V writes a clip's frames with its image tokens: beside a real image the exact path counts them
+    among the image tokens, and the fast path, its times from the spool, splits the length as it does."""
+    processor = processors["glm4v"]
+    counter = counter_for(processor, spool)
+    assert counter.modalities.video_expansion.spelled_with_image_tokens
+    image = str(shared_data / "LLaMA-Factory/data/mllm_demo_data/1.jpg")
+    samples = [SampleForLength(f"mixed/{index}", json.dumps([
+        {"role": "user", "content": "<image>\nAnd <video>: same scene?"}, {"role": "assistant", "content": "No."},
+        {"role": "user", "content": "Then <video>?"}, {"role": "assistant", "content": "Yes."}]),
+        ["image", "video", "video"], [image, first.media_refs[0], second.media_refs[0]])
+        for index, (first, second) in enumerate(zip(held_out_samples[:4], held_out_samples[4:8]))]
+    facts = usable_clip_facts(spool.sampled, FRAME_CACHE)
+    assert all(fast_path_counts(sample, counter.modalities, counter.text, True, clip_facts=facts) for sample in samples)
+    measured = measure_samples(samples, counter.text, counter.modalities, clip_facts=facts)
+    for sample, ours in zip(samples, map(counter.complete, measured), strict=True):
+        exact = counter.exact(sample)
+        assert ours.status == "ok", (sample.sample_id, ours.reason)
+        assert ours.token_len == direct_length(processor, sample, FRAME_CACHE), sample.sample_id
+        assert (ours.text_tokens, ours.image_tokens, ours.video_tokens) == (
+            exact.text_tokens, exact.image_tokens, exact.video_tokens), sample.sample_id
 
 
 def test_a_clip_the_spool_does_not_know_is_counted_by_the_exact_path(processors, held_out_samples, tmp_path):
@@ -201,18 +230,37 @@ def test_a_processor_printing_other_times_counts_its_videos_by_the_exact_path(pr
         assert counter.count([sample])[0].token_len == direct_length(processor, sample, FRAME_CACHE)
 
 
+def test_a_glm4v_processor_rounding_its_seconds_counts_its_videos_by_the_exact_path(processors, held_out_samples,
+                                                                                   spool):
+    """GLM-4.1V cuts each time to its whole seconds; a processor that rounds them (19.97 s as 20) is not proven."""
+    glm4v = processors["glm4v"]
 
-def test_a_length_table_counts_the_clips_from_the_spool_in_its_chunk_processes(family_dirs, processors, held_out_source,
-                                                                                held_out_samples, tmp_path):
+    class RoundedSeconds(type(glm4v)):
+        def replace_frame_token_id(self, timestamp_sec, num_image_tokens: int = 1) -> str:
+            return super().replace_frame_token_id(round(timestamp_sec), num_image_tokens=num_image_tokens)
+
+    processor = RoundedSeconds(glm4v.image_processor, glm4v.tokenizer, glm4v.video_processor,
+                               chat_template=glm4v.chat_template)
+    counter = counter_for(processor, spool)
+    assert ProcessorProfile(counter.modalities, model_types_of(glm4v)).describe().endswith(
+        "text: fast, images: fast, videos: exact")
+    for sample in held_out_samples[:3]:
+        assert counter.count([sample])[0].token_len == direct_length(processor, sample, FRAME_CACHE)
+
+
+@pytest.mark.parametrize("family", TIMED_CLIP_TEXT_FAMILIES)
+def test_a_length_table_counts_the_clips_from_the_spool_in_its_chunk_processes(family, family_dirs, processors,
+                                                                                held_out_source, held_out_samples,
+                                                                                tmp_path):
     """`write_length_table` with the spool: the chunk processes measure the clips' times with the stored text
     spec (no processor), and every length is a direct processor call's."""
     catalog, spool = tmp_path / "catalog.parquet", MosaicSpool(tmp_path / "spool", FRAME_CACHE)
     write_catalog(held_out_source, catalog, "messages", MediaValidator(FRAME_CACHE.num_frames, mosaic_spool=spool))
-    model = ModelConfig(processor=str(family_dirs["qwen3_vl"]))
+    model = ModelConfig(processor=str(family_dirs[family]))
     lengths = tmp_path / "lengths.parquet"
     write_length_table(catalog, lengths, model, FRAME_CACHE, processes=2, chunk_rows=1, clip_spool=spool.root)
     table = pq.read_table(lengths).to_pylist()
-    direct = {sample.sample_id: direct_length(processors["qwen3_vl"], sample, FRAME_CACHE)
+    direct = {sample.sample_id: direct_length(processors[family], sample, FRAME_CACHE)
               for sample in held_out_samples}
     assert {row["sample_id"]: (row["status"], row["token_len"]) for row in table} == {
         sample_id: ("ok", length) for sample_id, length in direct.items()}

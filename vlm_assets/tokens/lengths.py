@@ -9,8 +9,8 @@ The fast path counts without pixels: image sizes from file headers (EXIF orienta
 the family's own image-token arithmetic (vlm_assets.tokens.image_tokens), one frame-cache-shaped
 clip's video token count (vlm_assets.tokens.video_tokens), and batched tokenisation of the template
 rendered with a single placeholder token per media item (inside the text the processor writes
-around its tokens: for a Qwen3-VL clip, each temporal patch's time, from the clip's fps and frame
-indices as the catalogue's decoding pass kept them). It is used per family and modality only where
+around its tokens: for a Qwen3-VL or GLM-4.1V clip, each temporal patch's time, from the clip's fps
+and frame indices as the catalogue's decoding pass kept them). It is used per family and modality only where
 probes proved it equal to the exact path (vlm_assets.tokens.profile); every other sample goes through
 the exact path.
 
@@ -114,6 +114,7 @@ class Modalities:
     video_tokens_in_patch: int = 1
     video_spelled_with_image_tokens: bool = False
     video_clip_tokens: int = 0  # a clip's tokens in that text, for a video processor without a patch count
+    video_time_style: str = ""  # how that text prints each temporal patch's time (video_tokens.PATCH_TIME_STYLES)
 
     def with_image_expansion(self, expansion: ImageExpansion) -> Modalities:
         return replace(self, image_placeholder=expansion.placeholder, image_expansion=expansion.text,
@@ -126,7 +127,7 @@ class Modalities:
         return replace(self, video_placeholder=expansion.placeholder, video_patch_text=expansion.patch_text,
                        video_patch_frames=expansion.patch_frames, video_tokens_in_patch=expansion.video_tokens_in_patch,
                        video_spelled_with_image_tokens=expansion.spelled_with_image_tokens,
-                       video_clip_tokens=expansion.clip_tokens)
+                       video_clip_tokens=expansion.clip_tokens, video_time_style=expansion.time_style)
 
     @property
     def video_expansion(self) -> VideoExpansion | None:
@@ -134,7 +135,7 @@ class Modalities:
             return None
         return VideoExpansion(self.video_placeholder, self.video_patch_text, self.video_patch_frames,
                               self.video_tokens_in_patch, self.video_spelled_with_image_tokens,
-                              self.video_clip_tokens)
+                              self.video_clip_tokens, self.video_time_style)
 
     def video_clips(self, sample: SampleForLength, clip_facts: ClipFacts | None) -> list[SampledFrames | None] | None:
         """The facts of the sample's clips that its videos' text needs (None: one of them is not known)."""

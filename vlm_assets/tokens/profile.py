@@ -46,7 +46,7 @@ from vlm_assets.tokens.processor import RECENT_WRITE_NS, default_cache_dir, proc
 from vlm_assets.tokens.text import store_text_spec, stored_text_spec, text_spec_of
 from vlm_assets.tokens.video_tokens import VideoExpansion, video_expansion
 
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5
 
 # Probe conversations in the catalogue's form (<image>/<video> placeholders), chosen to put media
 # next to text, newlines and each other, in first and later turns.

@@ -2,14 +2,16 @@
 
 Every clip of the frame cache has the same shape (`num_frames` frames at `frame_size`²), so its video
 tokens are one number per shape: the video processor's public `get_num_of_video_patches` over its
-`merge_size`² where it has them (Qwen-VL), else the marked tokens of the processor's own text for a
-clip of that shape (LLaVA-OneVision pools each frame to a fixed grid; InternVL writes each frame
-with its image tokens). What a family writes around those tokens may follow the clip: Qwen3-VL puts each
-temporal patch's time in the clip before it ("<3.6 seconds>"), from the clip's fps and the frame
-indices the cache sampled. That text is tokenised with the sample's own text, as the processor
-tokenises it, with the clip's facts taken from the catalogue's decoding pass (vlm_assets.frames.spool)
-instead of the pixels. `video_expansion` reads the text from the processor itself; the probes of
-vlm_assets.tokens.profile compare the counts it gives with the exact path's.
+`merge_size`² where it has them (Qwen-VL, GLM-4.1V), else the marked tokens of the processor's own
+text for a clip of that shape (LLaVA-OneVision pools each frame to a fixed grid; InternVL writes each
+frame with its image tokens). What a family writes around those tokens may follow the clip: Qwen3-VL puts each
+temporal patch's time in the clip before it ("<3.6 seconds>"), GLM-4.1V writes each temporal patch as
+an image followed by its first frame's whole seconds ("<|end_of_image|>19"), both from the clip's fps
+and the frame indices the cache sampled (PATCH_TIME_STYLES). That text is tokenised with the sample's
+own text, as the processor tokenises it, with the clip's facts taken from the catalogue's decoding
+pass (vlm_assets.frames.spool) instead of the pixels. `video_expansion` reads the text from the
+processor itself; the probes of vlm_assets.tokens.profile compare the counts it gives with the exact
+path's.
 """
 
 from __future__ import annotations
@@ -32,6 +34,25 @@ ClipFacts = Callable[[str], SampledFrames | None]
 TIME_SLOT = "\x00"
 
 
+def _mean_in_tenths(seconds: Sequence[float]) -> str:
+    """Qwen3-VL: the mean of the patch's first and last frame's time, to a tenth of a second."""
+    return f"{(seconds[0] + seconds[-1]) / 2:.1f}"
+
+
+def _first_in_whole_seconds(seconds: Sequence[float]) -> str:
+    """GLM-4.1V: the patch's first frame's time, its whole seconds."""
+    return str(int(seconds[0]))
+
+
+# How a family prints a temporal patch's time from its frames' times (index / fps). The processors keep
+# this arithmetic private, so it is written out here; `video_expansion` takes the style whose text
+# equals the processor's, and the probes compare it with the processor's on clips of other facts.
+PATCH_TIME_STYLES: dict[str, Callable[[Sequence[float]], str]] = {
+    "mean-tenths": _mean_in_tenths,
+    "first-whole-seconds": _first_in_whole_seconds,
+}
+
+
 @dataclass(frozen=True)
 class VideoExpansion:
     """What the processor puts in place of a clip's placeholder, each run of video tokens cut to one."""
@@ -44,6 +65,7 @@ class VideoExpansion:
     # with images counts among its image tokens, as the exact path splits them.
     spelled_with_image_tokens: bool = False
     clip_tokens: int = 0  # the marked tokens of the processor's text for the clip it reported it for
+    time_style: str = ""  # how each patch's time is printed (a key of PATCH_TIME_STYLES; "": no times)
 
     @property
     def needs_clip_facts(self) -> bool:
@@ -54,8 +76,8 @@ class VideoExpansion:
         if not self.needs_clip_facts:
             return self.patch_text
         assert clip is not None, "a clip's text with times needs the clip's facts"
-        return "".join(self.patch_text.replace(TIME_SLOT, f"{seconds:.1f}")
-                       for seconds in patch_times(clip.frame_indices, clip.fps, self.patch_frames))
+        return "".join(self.patch_text.replace(TIME_SLOT, time)
+                       for time in patch_times(clip.frame_indices, clip.fps, self.patch_frames, self.time_style))
 
     def video_tokens_in_clip(self, clip: SampledFrames | None) -> int:
         if not self.needs_clip_facts:
@@ -64,13 +86,12 @@ class VideoExpansion:
         return self.video_tokens_in_patch * -(-len(clip.frame_indices) // self.patch_frames)
 
 
-def patch_times(frame_indices: Sequence[int], fps: float, patch_frames: int) -> list[float]:
-    """Each temporal patch's time in seconds: the mean of its first and last frame's, the last patch
-    filled up with the clip's last frame. Qwen3-VL's processor keeps this arithmetic private, so it
-    is written out here (the probes compare the text it gives with the processor's)."""
+def patch_times(frame_indices: Sequence[int], fps: float, patch_frames: int, style: str) -> list[str]:
+    """Each temporal patch's time as `style` prints it, the last patch filled up with the clip's last frame."""
     indices = list(frame_indices) + [frame_indices[-1]] * (-len(frame_indices) % patch_frames)
     seconds = [index / fps for index in indices]
-    return [(seconds[start] + seconds[start + patch_frames - 1]) / 2 for start in range(0, len(seconds), patch_frames)]
+    printed = PATCH_TIME_STYLES[style]
+    return [printed(seconds[start:start + patch_frames]) for start in range(0, len(seconds), patch_frames)]
 
 
 def video_tokens_for_shape(processor: Any, num_frames: int, frame_size: int) -> int | None:
@@ -98,13 +119,16 @@ def video_expansion(processor: Any, rendered: str, frames: Any, clip: SampledFra
     if runs == 1 or not patch_frames:
         # A text for the whole clip that no clip fact enters (the probes check it on clips of other facts).
         return VideoExpansion(replaced["text"], text, 0, runs, spelled_with_image_tokens, clip_tokens)
-    times = [f"{seconds:.1f}" for seconds in patch_times(clip.frame_indices, clip.fps, patch_frames)]
-    patch = _patch_with_time_slot(text, times)
-    if patch is None:
-        return None
-    expansion = VideoExpansion(replaced["text"], patch, patch_frames, runs // len(times), spelled_with_image_tokens,
-                               clip_tokens)
-    return expansion if expansion.clip_text(clip) == text else None
+    for style in PATCH_TIME_STYLES:
+        times = patch_times(clip.frame_indices, clip.fps, patch_frames, style)
+        patch = _patch_with_time_slot(text, times)
+        if patch is None:
+            continue
+        expansion = VideoExpansion(replaced["text"], patch, patch_frames, runs // len(times),
+                                   spelled_with_image_tokens, clip_tokens, style)
+        if expansion.clip_text(clip) == text:
+            return expansion
+    return None
 
 
 def _clip_replacement(processor: Any, text: str, frames: Any, metadata: Any) -> dict[str, Any]:
