@@ -31,6 +31,13 @@ counted there before timing, neither timed). Throughput is samples/s of that one
 --repeats passes for ours where the fast path counts the whole workload, and of one pass (--direct-repeats)
 for direct and for workloads ours counts by the exact path (those cost what direct costs). Every count is
 checked: status ok on both sides and the same token length; the first differing samples are printed.
+
+Two summaries close the run:
+  images per core   the image workload from raw file to length on the fast path (header reads, EXIF
+                    orientation, template, tokenisation and the image-token arithmetic, all timed): samples
+                    per CPU-second of the counting process (target >= 1000)
+  peak memory       each family's counting process at its largest (the max RSS of ours over the workloads),
+                    against Qwen2-VL's (target within 1.2x)
 """
 
 from __future__ import annotations
@@ -65,6 +72,9 @@ WORDS = ("the a cat dog photo shows several objects in bright light near water t
          "is are there left right 图片 中 的 狗 视频 里").split()
 EXIF_ORIENTATION_TAG = 0x0112
 SHOW_DIFFERENCES = 5
+IMAGES_PER_CORE_TARGET = 1000
+PEAK_RSS_TARGET = 1.2  # a family's counting process against Qwen2-VL's
+REFERENCE_FAMILY = "qwen2_vl"
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -245,7 +255,7 @@ def measure(directory: str, method: str, samples: list[tuple], modalities: dict,
             return [direct_length(processor, sample) for sample in batch]
 
     one_pass(objects[:1])  # warm-up (lazy imports, first tokeniser and processor calls), not timed
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base_rss = peak_rss_kb()
     times, cpu, lengths = [], [], []
     for _ in range(repeats):
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -254,9 +264,18 @@ def measure(directory: str, method: str, samples: list[tuple], modalities: dict,
         times.append(time.perf_counter() - start)
         after = resource.getrusage(resource.RUSAGE_SELF)
         cpu.append(after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_kb()
     results.put({"times": times, "cpu": cpu, "peak_rss_mb": peak / 1024, "base_rss_mb": base_rss / 1024,
                  "lengths": lengths})
+
+
+def peak_rss_kb() -> int:
+    """This process's own peak resident memory: VmHWM of its address space. ru_maxrss would not do: Linux
+    carries it over exec, so a spawned process starts at its parent's resident size when forked."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def in_process(target, *args) -> dict:
@@ -293,6 +312,26 @@ def compare(ours: list[tuple], direct: list[tuple]) -> tuple[int, list[str]]:
 
 def rate(n: int, result: dict) -> float:
     return n / statistics.median(result["times"])
+
+
+def rate_per_core(n: int, result: dict) -> float:
+    """Samples per CPU-second of the measuring process (its threads included)."""
+    return n / statistics.median(result["cpu"])
+
+
+def summaries(images_per_core: dict[str, tuple[float, bool]], peak_rss: dict[str, float]) -> None:
+    print("images from raw file to length, samples per CPU-second of ours "
+          f"(target >= {IMAGES_PER_CORE_TARGET}; header reads included):")
+    for family, (per_core, fast) in images_per_core.items():
+        verdict = "meets" if per_core >= IMAGES_PER_CORE_TARGET else "BELOW"
+        print(f"  {family:<16}{per_core:>8.0f}/s/core  {verdict}" + ("" if fast else "  (exact path)"))
+    reference = peak_rss.get(REFERENCE_FAMILY)
+    print(f"\npeak RSS of ours' counting process per family, max over its workloads, against {REFERENCE_FAMILY}'s "
+          f"(target within {PEAK_RSS_TARGET}x):")
+    for family, megabytes in peak_rss.items():
+        ratio = f"{megabytes / reference:>6.2f}x  {'meets' if megabytes <= PEAK_RSS_TARGET * reference else 'ABOVE'}" \
+            if reference else ""
+        print(f"  {family:<16}{megabytes:>8.0f} MB  {ratio}")
 
 
 def peak(result: dict) -> str:
@@ -350,7 +389,9 @@ def main() -> None:
         print(f"processor directories built in {time.perf_counter() - started:.0f} s (with the data)\n")
 
         header = (f"  {'workload':<12}{'samples':>8}{'ours/s':>10}{'direct/s':>10}{'ours/direct':>12}"
-                  f"{'equal':>12}{'passes':>8}{'ours MB':>14}{'direct MB':>14}{'cpu/wall':>10}")
+                  f"{'ours/cpu-s':>11}{'equal':>12}{'passes':>8}{'ours MB':>14}{'direct MB':>14}{'cpu/wall':>10}")
+        images_per_core: dict[str, tuple[float, bool]] = {}
+        peak_rss: dict[str, float] = {}
         for family in families:
             profile = in_process(profile_family, directories[family])
             modalities = Modalities(**profile["modalities"])
@@ -378,15 +419,20 @@ def main() -> None:
                                  for r in (ours, direct))
                 path = "fast" if fast else "exact"
                 passes = f"{len(ours['times'])}/{len(direct['times'])}"
+                per_core = rate_per_core(n, ours)
+                if workload == "image":
+                    images_per_core[family] = (per_core, fast)
+                peak_rss[family] = max(peak_rss.get(family, 0.0), ours["peak_rss_mb"])
                 print(f"  {workload:<12}{n:>8}{ours_rate:>10.1f}{direct_rate:>10.1f}{ours_rate / direct_rate:>11.1f}x"
-                      f"{f'{equal}/{n}':>12}{passes:>8}"
+                      f"{per_core:>11.0f}{f'{equal}/{n}':>12}{passes:>8}"
                       f"{peak(ours):>14}{peak(direct):>14}{usage:>10}  ({path} path)")
                 for line in differences[:SHOW_DIFFERENCES]:
                     print(f"    DIFFERS {line}")
                 if len(differences) > SHOW_DIFFERENCES:
                     print(f"    ... and {len(differences) - SHOW_DIFFERENCES} more")
             print()
-    print(f"all counts equal: {'yes' if all_equal else 'NO'}; wall time {time.perf_counter() - started:.0f} s")
+        summaries(images_per_core, peak_rss)
+    print(f"\nall counts equal: {'yes' if all_equal else 'NO'}; wall time {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":
