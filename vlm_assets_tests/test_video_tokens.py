@@ -37,6 +37,8 @@ from vlm_assets.tokens.video_tokens import TIME_SLOT, usable_clip_facts, video_e
 from vlm_assets_tests.catalog_support import build_catalog
 from vlm_assets_tests.processor_families import direct_length, family_processor_dir
 
+pytestmark = pytest.mark.families
+
 # An odd number of frames: Qwen3-VL fills the last temporal patch with the clip's last frame.
 FRAME_CACHE = FrameCacheConfig(num_frames=7, frame_size=96, rows=2, cols=4)
 VIDEO_FAMILIES = ("qwen3_vl", "qwen2_vl", "llava_onevision", "internvl", "glm4v")
