@@ -42,9 +42,11 @@ def instance_config_text(settings_file: Path = PACKAGED_INSTANCE_CONFIG) -> str:
     POSTGRES_DEFAULTS.
     """
     settings = yaml.safe_load(settings_file.read_text(encoding="utf-8")) or {}
-    concurrency = settings.setdefault("concurrency", {})
-    (concurrency.get("pools") or concurrency.setdefault("pools", {})).setdefault("default_limit", default_workers())
-    (concurrency.get("runs") or concurrency.setdefault("runs", {})).setdefault("max_concurrent_runs", default_workers())
+    concurrency = settings["concurrency"] = settings.get("concurrency") or {}
+    for section, limit in (("pools", "default_limit"), ("runs", "max_concurrent_runs")):
+        # A section written with no keys (`runs:`) reads as None.
+        concurrency[section] = concurrency.get(section) or {}
+        concurrency[section].setdefault(limit, default_workers())
     if os.environ.get(POSTGRES_HOST_ENV):
         storage = yaml.safe_load(POSTGRES_TEMPLATE.read_text(encoding="utf-8"))
         fields = storage["storage"]["postgres"]["postgres_db"]
