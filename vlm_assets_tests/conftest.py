@@ -83,27 +83,18 @@ def processor():
 
 
 # Under pytest-xdist (plain `pytest` and `scripts/test.sh` run two workers), tests go to workers a
-# whole module at a time (`--dist loadgroup`), so a module's fixtures are built once. The modules in
-# ONE_AT_A_TIME share one group, and so one worker, one after another: they count the machine's
-# busy cores (core shares among Celery workers), which tests elsewhere on the machine would change.
-ONE_AT_A_TIME = frozenset({"test_celery", "test_core_shares"})
-
-
-# The longest modules of the full tier start first, so the two workers end at about the same time.
+# whole module at a time (`--dist loadfile`), so a module's fixtures are built once. (xdist's
+# `loadgroup` names its groups by a suffix on the test's node id, which pytest 9 no longer reads
+# back: every test became a group of its own.) The longest modules of the full tier start first, so
+# the two workers end at about the same time.
 LONGEST_FIRST = ("test_run_safety", "test_family_lengths", "test_object_store", "test_chunked_source",
-                 "test_append", "test_celery", "test_core_shares", "test_ui_agreement", "test_provenance",
-                 "test_e2e_ui", "test_cli_run")
+                 "test_append", "test_celery", "test_ui_agreement", "test_provenance", "test_e2e_ui", "test_cli_run")
 
 
 def _module(item: pytest.Item) -> str:
     return item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            module = _module(item)
-            item.add_marker(pytest.mark.xdist_group("one_at_a_time" if module in ONE_AT_A_TIME else module))
     rank = {module: number for number, module in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(_module(item), len(rank)))
