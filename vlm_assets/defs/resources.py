@@ -229,7 +229,8 @@ def register_partitions(instance: dg.DagsterInstance, partitions: dg.DynamicPart
 # key reads `<chunk>|<source>`; a source with fewer chunks than the largest has no rows in the
 # indices past its own last chunk.
 CHUNK_INDEX_PARTITIONS = dg.DynamicPartitionsDefinition(name="chunk_index")
-SOURCE_CHUNKS_PARTITIONS = dg.MultiPartitionsDefinition({"source": SOURCES_PARTITIONS, "chunk": CHUNK_INDEX_PARTITIONS})
+SOURCE_DIMENSION = "source"  # the dimension of a chunk partition that names its source
+SOURCE_CHUNKS_PARTITIONS = dg.MultiPartitionsDefinition({SOURCE_DIMENSION: SOURCES_PARTITIONS, "chunk": CHUNK_INDEX_PARTITIONS})
 SOURCE_CHUNKS = "source_chunks"  # what `vlm-assets run` calls that partitioning
 
 

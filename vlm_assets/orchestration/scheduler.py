@@ -38,7 +38,7 @@ from vlm_assets.orchestration.freshness import Freshness, State
 from vlm_assets.orchestration.instance import built_sources, prepare_instance
 from vlm_assets.orchestration.report import RunSummary, report_outcome
 from vlm_assets.orchestration.progress_view import ProgressView
-from vlm_assets.orchestration.selection import GraphShape, Selection, graph_shape, selection_of, source_of
+from vlm_assets.orchestration.selection import GraphShape, Selection, graph_shape, selection_of, upstream_partitions
 from vlm_assets.orchestration.task import IN_WORKER_PROCESS, Submission, TaskOutcome, label
 from vlm_assets.orchestration.workers import WorkerPool, start_workers
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
@@ -88,6 +88,7 @@ class _Scheduler:
         self.selected = selection.assets
         self.partitions: dict[str, list[str | None]] = {}
         self.state: dict[tuple[str, str | None], str] = {}  # done | up_to_date | failed | blocked | running
+        self.read: dict[tuple[str, str | None, str], set[str] | None] = {}
 
     def expand(self, asset: str) -> list[str | None] | None:
         """The asset's partitions once they are known (frame-cache shards: after the plan is final)."""
@@ -132,18 +133,16 @@ class _Scheduler:
             keys = self.expand(parent)
             if keys is None:
                 return None
-            parent_partitioning, partitioning = self.shape.partitioning[parent], self.shape.partitioning[asset]
-            if parent_partitioning is None:
-                deps.append((parent, None))
-            elif parent_partitioning == partitioning:
-                deps.append((parent, partition))
-            elif partitioning == SOURCE_CHUNKS and parent_partitioning == SOURCES_PARTITIONS.name:
-                deps.append((parent, source_of(partition, SOURCE_CHUNKS)))
-            elif partitioning == SOURCES_PARTITIONS.name and parent_partitioning == SOURCE_CHUNKS:
-                deps.extend((parent, key) for key in keys if source_of(key, SOURCE_CHUNKS) == partition)
-            else:
-                deps.extend((parent, key) for key in keys)
+            read = self._reads(asset, partition, parent)
+            deps.extend((parent, key) for key in keys if read is None or key in read)
         return deps
+
+    def _reads(self, asset: str, partition: str | None, parent: str) -> set[str] | None:
+        """The partitions of `parent` that `partition` of `asset` reads (None: all), asked once the
+        parent's partitions are known."""
+        if (asset, partition, parent) not in self.read:
+            self.read[(asset, partition, parent)] = upstream_partitions(self.shape, asset, partition, parent, self.instance)
+        return self.read[(asset, partition, parent)]
 
     def to_come(self, asset: str) -> bool:
         """Whether a selected partition of `asset` is still to be launched (or judged up to date)."""
@@ -192,7 +191,7 @@ def run_graph(
     progress the steps in flight report (orchestration.progress_view).
     """
     shape = graph_shape(defs)
-    selection = selection_of(shape, select)
+    selection = selection_of(shape, select, instance)
     selected = selection.assets
     if progress is not None:
         echo = progress.echo(echo)
@@ -355,7 +354,7 @@ def plan_graph(defs: dg.Definitions, app: AppConfig, instance: dg.DagsterInstanc
     """Each selected asset partition's state (orchestration.freshness.State), as the UI shows it now;
     nothing is built. Partitions that do not exist yet (shards of a plan not made) are not listed."""
     shape = graph_shape(defs)
-    selection = selection_of(shape, select)
+    selection = selection_of(shape, select, instance)
     prepare_instance(instance, app, echo)
     freshness, sources = _judge(defs, instance, shape, selection, force=False)
     states = {}

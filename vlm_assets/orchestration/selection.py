@@ -1,4 +1,6 @@
-"""Which assets a `vlm-assets run` builds, and in what order, from the definitions' public asset specs."""
+"""Which assets a `vlm-assets run` builds, and in what order, from the definitions' public asset specs;
+which partitions of an asset a partition of another reads, by the partition mappings the definitions
+declare on their dependencies (vlm_assets.defs.spec_assets)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from vlm_assets.asset_specs import ASSET_NAMES, selected_asset
-from vlm_assets.defs.resources import SOURCE_CHUNKS, SOURCE_CHUNKS_PARTITIONS, SOURCES_PARTITIONS
+from vlm_assets.defs.resources import SOURCE_CHUNKS, SOURCE_CHUNKS_PARTITIONS
 from vlm_assets.defs.tags import CHUNKED_TAG
 from vlm_assets.tokens.chunk_plan import split_chunk_partition
 
@@ -20,6 +22,8 @@ class GraphShape:
     partitioning: dict[str, str | None]  # name of the dynamic partitions definition (or SOURCE_CHUNKS), or None
     partitions_defs: dict[str, dg.PartitionsDefinition | None]
     chunked: set[str] = field(default_factory=set)  # assets whose step can use several processes
+    # (asset, upstream asset) -> the partition mapping of that dependency (None: the upstream one is not partitioned)
+    mappings: dict[tuple[str, str], dg.PartitionMapping | None] = field(default_factory=dict)
 
 
 def graph_shape(defs: dg.Definitions) -> GraphShape:
@@ -27,6 +31,8 @@ def graph_shape(defs: dg.Definitions) -> GraphShape:
     specs = {spec.key.to_user_string(): spec for spec in defs.resolve_all_asset_specs()
              if spec.key.to_user_string() in ASSET_NAMES}
     parents = {name: {dep.asset_key.to_user_string() for dep in spec.deps} & set(specs) for name, spec in specs.items()}
+    mappings = {(name, dep.asset_key.to_user_string()): dep.partition_mapping
+                for name, spec in specs.items() for dep in spec.deps if dep.asset_key.to_user_string() in specs}
     partitions_defs = {name: spec.partitions_def for name, spec in specs.items()}
     partitioning = {name: _partitioning_name(partitions_def) for name, partitions_def in partitions_defs.items()}
     order: list[str] = []
@@ -39,7 +45,7 @@ def graph_shape(defs: dg.Definitions) -> GraphShape:
         for name in ready:
             del remaining[name]
     chunked = {name for name, spec in specs.items() if spec.tags.get(CHUNKED_TAG) == "true"}
-    return GraphShape(order, parents, partitioning, partitions_defs, chunked)
+    return GraphShape(order, parents, partitioning, partitions_defs, chunked, mappings)
 
 
 def _partitioning_name(partitions_def: dg.PartitionsDefinition | None) -> str | None:
@@ -53,57 +59,93 @@ def source_of(key: str, partitioning: str | None) -> str:
     return split_chunk_partition(key)[0] if partitioning == SOURCE_CHUNKS and "|" in key else key
 
 
-def _per_source(partitionings: set[str | None]) -> bool:
-    """A source partition and its chunks read each other (a chunk its source's catalogue, a source its chunks)."""
-    return partitionings == {SOURCES_PARTITIONS.name, SOURCE_CHUNKS}
+def upstream_partitions(shape: GraphShape, asset: str, partition: str | None, parent: str,
+                        store: dg.DagsterInstance) -> set[str] | None:
+    """The partitions of `parent` that `partition` of `asset` reads, by that dependency's partition
+    mapping; None: all of them (`asset` is not partitioned, or `parent` is not)."""
+    asset_def, parent_def = shape.partitions_defs[asset], shape.partitions_defs[parent]
+    mapping = shape.mappings.get((asset, parent))
+    if partition is None or asset_def is None or parent_def is None or mapping is None:
+        return None
+    mapped = mapping.get_upstream_mapped_partitions_result_for_partitions(
+        asset_def.subset_with_partition_keys([partition]), asset_def, parent_def, dynamic_partitions_store=store)
+    return set(mapped.partitions_subset.get_partition_keys())
 
 
-@dataclass(frozen=True)
+def downstream_partitions(shape: GraphShape, parent: str, partition: str, asset: str,
+                          store: dg.DagsterInstance) -> set[str] | None:
+    """The partitions of `asset` that read `partition` of `parent`, by that dependency's partition
+    mapping; None: all of them (`asset` is not partitioned, or the dependency has no mapping)."""
+    asset_def, parent_def = shape.partitions_defs[asset], shape.partitions_defs[parent]
+    mapping = shape.mappings.get((asset, parent))
+    if asset_def is None or parent_def is None or mapping is None:
+        return None
+    mapped = mapping.get_downstream_partitions_for_partitions(
+        parent_def.subset_with_partition_keys([partition]), parent_def, asset_def, dynamic_partitions_store=store)
+    return set(mapped.get_partition_keys())
+
+
+@dataclass
 class Selection:
-    """The assets a run builds, dependencies first, and for some of them only these partitions."""
+    """The assets a run builds, dependencies first. Of an asset named with partitions
+    (`asset[partition]`), those partitions; of what it reads, the partitions they read.
 
+    `partitions`: the partitions named, by asset (of a chunked asset, whole sources may be named);
+    `whole`: the assets named without a partition; `store`: the instance, which knows the partitions
+    of the dynamic partitionings.
+    """
+
+    shape: GraphShape
     assets: list[str]
-    # asset -> its partitions to build (for chunk partitions, whole sources may be named); absent: all
     partitions: dict[str, set[str]] = field(default_factory=dict)
+    whole: set[str] = field(default_factory=set)
+    store: dg.DagsterInstance | None = None
+    _kept: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
 
     def keeps(self, asset: str, partition: str | None) -> bool:
-        if asset not in self.partitions or partition in self.partitions[asset]:
+        if asset not in self.assets:
+            return False
+        if partition is None or not self.partitions:
             return True
-        return partition is not None and "|" in partition and source_of(partition, SOURCE_CHUNKS) in self.partitions[asset]
+        if (asset, partition) not in self._kept:
+            self._kept[(asset, partition)] = self._kept_for_itself(asset, partition) or self._read_by_one_kept(asset, partition)
+        return self._kept[(asset, partition)]
+
+    def _kept_for_itself(self, asset: str, partition: str) -> bool:
+        named = self.partitions.get(asset, set())
+        return asset in self.whole or partition in named or source_of(partition, self.shape.partitioning[asset]) in named
+
+    def _read_by_one_kept(self, asset: str, partition: str) -> bool:
+        if self.store is None:
+            raise ValueError("which partitions a selection keeps needs the instance that knows them")
+        for child in self.assets:
+            if asset in self.shape.parents[child]:
+                readers = downstream_partitions(self.shape, asset, partition, child, self.store)
+                if readers is None or any(self.keeps(child, key) for key in sorted(readers)):
+                    return True
+        return False
 
 
-def selection_of(shape: GraphShape, items: Sequence[str] | None) -> Selection:
+def selection_of(shape: GraphShape, items: Sequence[str] | None, store: dg.DagsterInstance | None = None) -> Selection:
     """`items` (asset names, or `asset[partition]` for one partition of a partitioned asset) and
     everything they read, dependencies first; every asset when `items` is empty.
 
-    An upstream asset partitioned like its selected partition is built for that partition only;
-    one partitioned otherwise (a shard's plan reads every source) is built for all of them.
+    `store` (the instance) is needed to tell which partitions of what a named partition reads are kept.
     """
     if not items:
-        return Selection(list(shape.order))
-    named: dict[str, set[str] | None] = {}
+        return Selection(shape, list(shape.order), store=store)
+    partitions: dict[str, set[str]] = {}
+    whole: set[str] = set()
     for item in items:
         asset, partition = selected_asset(item)
         if partition is not None and shape.partitioning[asset] is None:
             raise ValueError(f"{item}: {asset} is not partitioned; select it as `{asset}`")
-        if partition is None or named.get(asset, set()) is None:
-            named[asset] = None
+        if partition is None:
+            whole.add(asset)
         else:
-            named.setdefault(asset, set()).add(partition)  # type: ignore[union-attr]
-    wanted: dict[str, set[str] | None] = dict(named)
+            partitions.setdefault(asset, set()).add(partition)
+    wanted = whole | set(partitions)
     for name in reversed(shape.order):
-        if name not in wanted:
-            continue
-        for parent in shape.parents[name]:
-            child_keys, partitionings = wanted[name], {shape.partitioning[parent], shape.partitioning[name]}
-            inherited: set[str] | None = None
-            if child_keys is not None and len(partitionings) == 1:
-                inherited = set(child_keys)
-            elif child_keys is not None and _per_source(partitionings):
-                inherited = {source_of(key, shape.partitioning[name]) for key in child_keys}
-            if parent not in wanted:
-                wanted[parent] = inherited
-            elif wanted[parent] is not None:
-                wanted[parent] = None if inherited is None else wanted[parent] | inherited  # type: ignore[operator]
-    return Selection([name for name in shape.order if name in wanted],
-                     {name: keys for name, keys in wanted.items() if keys is not None})
+        if name in wanted:
+            wanted |= shape.parents[name]
+    return Selection(shape, [name for name in shape.order if name in wanted], partitions, whole, store)
