@@ -194,6 +194,19 @@ def spec_of(asset: str) -> AssetSpec:
     return SPECS[asset]
 
 
+def reads_the_processor(selection: Iterable[str] | None) -> bool:
+    """Whether building `selection` (asset names or `asset[partition]`, and what they read; None:
+    every asset) runs a step that loads the model's processor."""
+    todo = [selected_asset(item)[0] for item in selection] if selection else list(SPECS)
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in SPECS and name not in seen:
+            seen.add(name)
+            todo.extend(SPECS[name].upstream)
+    return any(SPECS[name].reads_processor for name in seen)
+
+
 def source_lineage() -> list[str]:
     """What a new source needs built, in order: every asset partitioned by source."""
     return [spec.name for spec in SPECS.values() if spec.partitioning is Partitioning.SOURCES]

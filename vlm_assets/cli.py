@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from vlm_assets.arguments import whole_number
-from vlm_assets.asset_specs import ASSET_NAMES, selected_asset
+from vlm_assets.asset_specs import ASSET_NAMES, reads_the_processor, selected_asset
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig, ConfigError, load_config
 from vlm_assets.orchestration.home import default_home, ensure_dagster_home, project_dir, remember_for_dagster_dev
 from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable
@@ -63,7 +63,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     progress_dir.mkdir(parents=True, exist_ok=True)
     os.environ[PROGRESS_DIR_ENV_VAR] = str(progress_dir)
     # Before this process imports Dagster: the workers' own loads then overlap it.
-    with start_workers(str(app.path), workers) as pool, _removed_after(progress_dir):
+    in_worker_processes = args.executor != "celery"
+    with start_workers(str(app.path), workers, load_processor=in_worker_processes and reads_the_processor(select)) as pool, \
+            _removed_after(progress_dir):
         print(f"worker output (Dagster's and the libraries' logs): {pool.log_path}", flush=True)
         from vlm_assets.definitions import build_definitions
         from vlm_assets.orchestration.celery_runs import CELERY
@@ -76,7 +78,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         defs = build_definitions(str(app.path))
         with open_instance(home) as instance:
             summary = run_graph(defs, app, instance, select, echo=_echo, workers=workers, force=args.force,
-                                log_dir=home / "logs", submission=CELERY if args.executor == "celery" else IN_WORKER_PROCESS,
+                                log_dir=home / "logs", submission=IN_WORKER_PROCESS if in_worker_processes else CELERY,
                                 pool=pool, progress=ProgressView(progress_dir))
     print_outputs(app)
     print(f"{summary.runs} run(s), {len(summary.materialized)} materialisation(s), {len(summary.up_to_date)} up to date, "

@@ -25,8 +25,10 @@ from vlm_assets.orchestration.worker_output import send_output_to, workers_log_p
 from vlm_assets.parallel import skip_teardown_at_exit
 
 CLI_WATCH_S = 1.0
-# What a worker runs (orchestration.task), imported by the process the workers are forked from.
+# What a worker runs (orchestration.task), imported by the process the workers are forked from; and
+# what loading the model's processor imports, when the run measures token lengths.
 WORKER_MODULE = "vlm_assets.orchestration.task"
+PROCESSOR_MODULE = "vlm_assets.tokens.preload"
 
 
 def default_workers() -> int:
@@ -133,10 +135,10 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
         self.shutdown(wait=True, cancel_futures=True)
 
 
-def start_workers(config_path: str, workers: int) -> WorkerPool:
+def start_workers(config_path: str, workers: int, load_processor: bool = False) -> WorkerPool:
     """`workers` worker processes for `run_graph`, started in the background (WorkerPool.start), each
     then loading the code location; their output goes to a new file under $DAGSTER_HOME/logs
-    (`pool.log_path`).
+    (`pool.log_path`). `load_processor`: the runs will load the model's processor in them.
 
     $DAGSTER_HOME must be set first (see `vlm_assets.orchestration.home`): the workers open that instance.
     """
@@ -148,7 +150,7 @@ def start_workers(config_path: str, workers: int) -> WorkerPool:
     # definitions' modules: seconds of a core) once, rather than each importing it; the server
     # holds no thread a fork could copy mid-state, as the CLI may.
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([WORKER_MODULE])
+    context.set_forkserver_preload([WORKER_MODULE, *([PROCESSOR_MODULE] if load_processor else [])])
     pool = WorkerPool(
         max_workers=max(1, workers), mp_context=context, initializer=_worker_init,
         initargs=(config_path, str(log_path), os.getpid()),

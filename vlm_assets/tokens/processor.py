@@ -165,6 +165,13 @@ def import_transformers() -> None:
 _importing = threading.Lock()
 
 
+def import_processor_classes() -> None:
+    """Import what `load_processor` imports before it reads a file (most of a load's time)."""
+    import_transformers()
+    with _importing:
+        from transformers import AutoProcessor  # noqa: F401
+
+
 def load_processor(model: ModelConfig, cache_dir: Path | None = None) -> Any:
     """Load the configured processor (offline) with `processor_kwargs` applied."""
     import_transformers()
