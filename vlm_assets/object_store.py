@@ -93,10 +93,25 @@ class ObjectInfo:
 
 _local = threading.local()
 # A store that stops answering (frozen, or gone with its connections left open) fails a request after
-# at most STORE_ATTEMPTS × (connect + read timeout) and the back-off between: about a minute and a half.
+# at most STORE_ATTEMPTS × (connect + read timeout) and the back-off between. A store slow to answer
+# large reads may be given longer through the environment, as the rest of the store's settings are.
+STORE_READ_TIMEOUT_ENV_VAR = "VLM_ASSETS_STORE_READ_TIMEOUT_S"
 STORE_CONNECT_TIMEOUT_S = 5
-STORE_READ_TIMEOUT_S = 20
 STORE_ATTEMPTS = 3
+
+
+def store_read_timeout_s() -> float:
+    """Seconds a request waits for the store to answer: $VLM_ASSETS_STORE_READ_TIMEOUT_S, default 20."""
+    value = os.environ.get(STORE_READ_TIMEOUT_ENV_VAR, "").strip()
+    if not value:
+        return 20.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"${STORE_READ_TIMEOUT_ENV_VAR} must be a positive number of seconds, not {value!r}")
+    return seconds
 
 
 def client() -> Any:
@@ -107,7 +122,7 @@ def client() -> Any:
 
         _local.client = boto3.session.Session().client("s3", config=Config(
             retries={"max_attempts": STORE_ATTEMPTS, "mode": "standard"}, max_pool_connections=32,
-            connect_timeout=STORE_CONNECT_TIMEOUT_S, read_timeout=STORE_READ_TIMEOUT_S))
+            connect_timeout=STORE_CONNECT_TIMEOUT_S, read_timeout=store_read_timeout_s()))
     return _local.client
 
 
@@ -226,7 +241,7 @@ def _signed_get(url: ObjectURL, headers: dict[str, str], what: str) -> Any:
         address = client().generate_presigned_url(
             "get_object", Params={"Bucket": url.bucket, "Key": url.key}, ExpiresIn=PRESIGNED_SECONDS)
         return _http().request("GET", address, headers=headers, retries=urllib3.Retry(**_GET_RETRIES),
-                               timeout=urllib3.Timeout(connect=STORE_CONNECT_TIMEOUT_S, read=STORE_READ_TIMEOUT_S))
+                               timeout=urllib3.Timeout(connect=STORE_CONNECT_TIMEOUT_S, read=store_read_timeout_s()))
     except (BotoCoreError, urllib3.exceptions.HTTPError) as error:
         raise OSError(f"{url}: cannot read {what} (endpoint {client().meta.endpoint_url}): {error}") from error
 

@@ -28,7 +28,8 @@ from vlm_assets.defs.resources import SOURCES_PARTITIONS, HFProcessor, VlmConfig
 from vlm_assets.catalog.source_walk import walk_source
 from vlm_assets.layout import OWNER_NAME, StorageLayout
 from vlm_assets.object_store import (
-    MULTIPART_BYTES, REQUESTS, ObjectURL, client, head, list_objects, read_object, read_range, read_start,
+    MULTIPART_BYTES, REQUESTS, STORE_READ_TIMEOUT_ENV_VAR, ObjectURL, client, head, list_objects, read_object, read_range,
+    read_start, store_read_timeout_s,
 )
 from vlm_assets.root_owner import StorageRootTaken, claim_object_root
 from vlm_assets_tests.s3_support import CREDENTIALS, ENDPOINT_ENV_VAR, seaweedfs, wait_until_ready
@@ -493,7 +494,10 @@ def test_object_media_are_pinned_to_the_version_catalogued_and_read_once(tmp_pat
         read_media_bytes(pinned)
 
 
-FROZEN_STORE_BOUND_S = 150  # STORE_ATTEMPTS × (connect + read timeout) and back-off, plus the CLI's start
+# STORE_ATTEMPTS × (connect + read timeout) and back-off, plus the CLI's start: with the default 20 s to
+# answer, over a minute; with the 3 s set here, well under.
+FROZEN_STORE_READ_TIMEOUT_S = "3"
+FROZEN_STORE_BOUND_S = 60
 
 
 @pytest.mark.processes
@@ -501,7 +505,8 @@ def test_a_frozen_store_fails_the_run_within_a_bound_naming_its_endpoint(tmp_pat
     import boto3
 
     with seaweedfs(tmp_path / "s3", tmp_path / "weed.log") as server:
-        environment = {**os.environ, "AWS_ENDPOINT_URL": server.endpoint, **CREDENTIALS}
+        environment = {**os.environ, "AWS_ENDPOINT_URL": server.endpoint, **CREDENTIALS,
+                       STORE_READ_TIMEOUT_ENV_VAR: FROZEN_STORE_READ_TIMEOUT_S}
         store = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
                              aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
                              region_name=CREDENTIALS["AWS_DEFAULT_REGION"])
@@ -522,3 +527,14 @@ def test_a_frozen_store_fails_the_run_within_a_bound_naming_its_endpoint(tmp_pat
     assert result.returncode != 0, output[-3000:]
     assert took < FROZEN_STORE_BOUND_S, (took, output[-3000:])
     assert server.endpoint in output and "Traceback" not in result.stderr, output[-3000:]
+
+
+def test_the_time_a_store_has_to_answer_is_set_in_the_environment(monkeypatch):
+    monkeypatch.delenv(STORE_READ_TIMEOUT_ENV_VAR, raising=False)
+    assert store_read_timeout_s() == 20
+    monkeypatch.setenv(STORE_READ_TIMEOUT_ENV_VAR, "90")
+    assert store_read_timeout_s() == 90
+    for wrong in ("0", "-1", "soon"):
+        monkeypatch.setenv(STORE_READ_TIMEOUT_ENV_VAR, wrong)
+        with pytest.raises(ValueError, match=rf"\$VLM_ASSETS_STORE_READ_TIMEOUT_S must be a positive number of seconds, not '{wrong}'"):
+            store_read_timeout_s()
