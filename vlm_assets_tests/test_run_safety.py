@@ -131,12 +131,13 @@ def test_kill_9_in_a_step_then_a_rerun_on_the_same_instance_completes(
 
 def test_ctrl_c_stops_after_the_step_in_flight_and_launches_nothing_more(demo_config_path, tmp_path):
     config = site_config(demo_config_path, tmp_path)
-    home = tmp_path / "home"
-    assert run(config, home, *WORKERS, "--select", "video_frame_plan").returncode == 0
+    home = initialised_home(tmp_path / "home")  # the test reads the instance while the run starts
     root = load_config(config).storage_root
-    with file_lock(root, "frame_cache-384-64-part-00000"):
+    # One worker builds the whole graph one step at a time, the first a source's catalogue, which
+    # holding that source's lock parks mid-body.
+    with file_lock(root, StorageLayout.source_lock("demo_images")):
         process = start_run(config, home, "--workers", "1")
-        victim = wait_for_started_run(home, "frame_cache_shard", "part-00000")
+        victim = wait_for_started_run(home, "sample_catalog", "demo_images")
         process.send_signal(signal.SIGINT)
         time.sleep(1.0)
     output, _ = process.communicate(timeout=300)
@@ -146,11 +147,11 @@ def test_ctrl_c_stops_after_the_step_in_flight_and_launches_nothing_more(demo_co
     lines = output.splitlines()
     stopping = next(index for index, line in enumerate(lines) if "stopping after the step(s) in flight" in line)
     launched = [line for line in lines if line.startswith("▶ ")]
-    assert launched[-1] == "▶ frame_cache_shard [part-00000]"
+    assert launched == ["▶ sample_catalog [demo_images]"]
     assert not [line for line in lines[stopping:] if line.startswith("▶ ")]
     assert not (root / "packages").exists()
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        assert instance.get_latest_materialization_event(dg.AssetKey("frame_cache_index")) is None
+        assert instance.get_latest_materialization_event(dg.AssetKey("sample_lengths")) is None
 
 
 def _descendants(pid: int) -> set[int]:
@@ -186,12 +187,11 @@ def _still_running(pids: set[int]) -> set[int]:
 @pytest.mark.parametrize("how", ["kill -9 of the CLI alone", "Ctrl-C twice"])
 def test_the_clis_workers_and_their_helpers_go_with_it(demo_config_path, tmp_path, how):
     config = site_config(demo_config_path, tmp_path)
-    home = tmp_path / "home"
-    assert run(config, home, *WORKERS, "--select", "video_frame_plan").returncode == 0
+    home = initialised_home(tmp_path / "home")  # the test reads the instance while the run starts
     root = load_config(config).storage_root
-    with file_lock(root, "frame_cache-384-64-part-00000"):  # parks the step mid-body
-        process = start_run(config, home, *WORKERS)
-        wait_for_started_run(home, "frame_cache_shard", "part-00000")
+    with file_lock(root, StorageLayout.source_lock("demo_video")):  # parks that source's catalogue mid-body
+        process = start_run(config, home, *WORKERS, "--select", "sample_catalog")
+        wait_for_started_run(home, "sample_catalog", "demo_video")
         family = _descendants(process.pid)
         assert len(family) >= 4, family  # the fork server, the resource tracker, two workers
         if how == "Ctrl-C twice":
@@ -259,8 +259,6 @@ def test_an_output_deleted_or_cut_short_on_disk_is_rebuilt_with_what_energon_nee
     def rebuilt() -> None:
         again = run(config, home, *WORKERS, *lineage)
         assert again.returncode == 0, again.stdout[-3000:]
-        shown = plan()
-        assert "0 of" in shown, [line for line in shown.splitlines() if "up to date" not in line]
         assert load_all_ids(layout.packed_wds("demo_images")) == expected_ids
 
     shard.unlink()
@@ -285,6 +283,8 @@ def test_an_output_deleted_or_cut_short_on_disk_is_rebuilt_with_what_energon_nee
         handle.truncate(lengths.stat().st_size - 10)
     assert f"↳ {lengths} is cut short (no Parquet footer)" in plan()
     rebuilt()
+    shown = plan()  # each rebuild left nothing behind that a later run would take for missing or stale
+    assert "0 of" in shown, [line for line in shown.splitlines() if "up to date" not in line]
 
 
 @pytest.mark.parametrize("instances", ["one instance", "two instances"])
@@ -292,10 +292,11 @@ def test_concurrent_runs_on_one_storage_root_never_fail_and_write_the_same_bytes
     _, expected, _ = reference
     config = site_config(demo_config_path, tmp_path)
     homes = [tmp_path / "home", tmp_path / ("home" if instances == "one instance" else "home2")]
-    # Then both force a rebuild over the outputs there: the same file locks order it on either instance
-    # setup, so one instance shows it.
+    # Then both force a rebuild of one source's lineage over the outputs there:
+    # the same file locks order it on either instance setup, so one instance shows it.
+    forced = ("--force", "--select", "energon_dataset[demo_video]")
     for attempt in range(2 if instances == "one instance" else 1):
-        processes = [start_run(config, home, "--workers", "1", *(["--force"] if attempt else [])) for home in homes]
+        processes = [start_run(config, home, "--workers", "1", *(forced if attempt else ())) for home in homes]
         outputs = [process.communicate(timeout=600)[0] for process in processes]
         for process, output in zip(processes, outputs):
             assert process.returncode == 0, output[-4000:]
@@ -308,30 +309,30 @@ def test_readers_never_see_energon_metadata_being_rewritten(demo_config_path, tm
 
     config = site_config(demo_config_path, tmp_path)
     home = tmp_path / "home"
-    # The reader loads demo_images' dataset: that source's lineage is what the forced runs rebuild.
+    # The reader loads demo_images' dataset: that source's lineage is what the forced run rebuilds.
     lineage = "energon_dataset[demo_images]"
     assert run(config, home, *WORKERS, "--select", lineage).returncode == 0
     root = load_config(config).storage_root / "packed_wds" / "demo_images"
     expected_ids = sorted(load_all_ids(root))
-    failures, stop = [], threading.Event()
+    failures, loads, stop = [], [], threading.Event()
 
     def keep_loading() -> None:
         while not stop.is_set():
             try:
                 assert sorted(load_all_ids(root)) == expected_ids
+                loads.append(time.monotonic())
             except Exception as error:  # noqa: BLE001 — any failure of a reader is the finding
                 failures.append(repr(error))
 
     reader = threading.Thread(target=keep_loading)
     reader.start()
     try:
-        for _ in range(2):
-            result = run(config, home, *WORKERS, "--select", lineage, "--force")
-            assert result.returncode == 0, result.stdout[-3000:]
+        result = run(config, home, *WORKERS, "--select", lineage, "--force")  # rewrites shards and metadata
+        assert result.returncode == 0, result.stdout[-3000:]
     finally:
         stop.set()
         reader.join()
-    assert failures == []
+    assert failures == [] and len(loads) >= 3, (failures, len(loads))
 
 
 def test_a_full_disk_is_named_in_one_line(demo_config_path, tmp_path):
