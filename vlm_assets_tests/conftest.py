@@ -85,10 +85,14 @@ def processor():
 # Under pytest-xdist (plain `pytest` and `scripts/test.sh` run two workers), tests go to workers a
 # whole module at a time (`--dist loadfile`), so a module's fixtures are built once. (xdist's
 # `loadgroup` names its groups by a suffix on the test's node id, which pytest 9 no longer reads
-# back: every test became a group of its own.) The longest modules of the full tier start first, so
-# the two workers end at about the same time.
-LONGEST_FIRST = ("test_run_safety", "test_family_lengths", "test_object_store", "test_chunked_source",
-                 "test_append", "test_celery", "test_ui_agreement", "test_provenance", "test_e2e_ui", "test_cli_run")
+# back: every test became a group of its own.) Modules start in this order, the longest of the full
+# tier first (`--no-loadscope-reorder`: else xdist starts the modules with the most tests first, and
+# a one-test module of two minutes ends last, alone), so the two workers end at about the same time.
+LONGEST_FIRST = ("test_run_safety", "test_family_lengths", "test_object_store", "test_append", "test_chunked_source",
+                 "test_celery", "test_ui_agreement", "test_e2e_ui", "test_provenance", "test_cli_run",
+                 "test_default_instance", "test_video_tokens", "test_partition_registration", "test_instance_outage",
+                 "test_lengths", "test_processor_families", "test_catalog_append", "test_training_mix",
+                 "test_automation", "test_run_output")
 
 
 def _module(item: pytest.Item) -> str:
