@@ -2,6 +2,7 @@ import json
 import os
 import random
 import shutil
+from dataclasses import replace
 
 import pytest
 from PIL import Image
@@ -11,7 +12,7 @@ from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, measure_samples, oriented_image_size
 from vlm_assets.tokens.profile import prove_fast_path
 from vlm_assets.tokens.processor import embedded_processor_dir, processor_fingerprint
-from vlm_assets.tokens.text import SpecText, store_text_spec, stored_text_spec, text_spec_of
+from vlm_assets.tokens.text import SpecText, spec_text, store_text_spec, stored_text_spec, text_spec_of
 
 SMALL_CLIPS = FrameCacheConfig(num_frames=8, frame_size=112, rows=2, cols=4)
 
@@ -150,6 +151,11 @@ def test_text_spec_is_kept_per_processor_and_refused_when_the_processor_renders_
     text = SpecText(spec)
     conversation = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]
     assert text.render(conversation) == processor.apply_chat_template(conversation, tokenize=False)
+    # Built once per process for a spec (a worker measures source after source), again for another.
+    kept = spec_text(spec)
+    assert spec_text(stored_text_spec(model, tmp_path)) is kept and kept.render(conversation) == text.render(conversation)
+    other = replace(spec, chat_template=spec.chat_template + " ")
+    assert spec_text(other) is not kept and spec_text(other).spec == other
     # A processor whose own rendering differs from its template (a subclass's override) keeps its own path.
     rendering = processor.apply_chat_template
     processor.apply_chat_template = lambda conversation, tokenize=False: rendering(conversation, tokenize=tokenize) + "\n"

@@ -25,8 +25,8 @@ from vlm_assets.orchestration.worker_output import send_output_to, workers_log_p
 from vlm_assets.parallel import skip_teardown_at_exit
 
 CLI_WATCH_S = 1.0
-# What a worker runs (orchestration.task), imported by the process the workers are forked from; and
-# what loading the model's processor imports, when the run measures token lengths.
+# What a worker runs (orchestration.task), imported by the process the workers are forked from; and,
+# when the run measures token lengths, the model's processor and what measuring reads, loaded there.
 WORKER_MODULE = "vlm_assets.orchestration.task"
 PROCESSOR_MODULE = "vlm_assets.tokens.preload"
 
@@ -151,6 +151,7 @@ def start_workers(config_path: str, workers: int, load_processor: bool = False) 
     # holds no thread a fork could copy mid-state, as the CLI may.
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([WORKER_MODULE, *([PROCESSOR_MODULE] if load_processor else [])])
+    os.environ[CONFIG_ENV_VAR] = config_path  # the fork server inherits it: PROCESSOR_MODULE loads this config's processor
     pool = WorkerPool(
         max_workers=max(1, workers), mp_context=context, initializer=_worker_init,
         initargs=(config_path, str(log_path), os.getpid()),

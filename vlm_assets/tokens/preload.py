@@ -1,11 +1,34 @@
-"""Imported for what it imports: the modules loading a Hugging Face processor needs (transformers'
-processor classes, torch, torchvision), seconds of a core.
+"""Imported for what importing it does: loads what measuring token lengths with the configured
+model reads (transformers' processor classes, torch and torchvision; the processor itself, the
+tokenizer of its stored text spec and its stored media tokens), seconds of a core.
 
-The fork server of `vlm-assets run` (vlm_assets.orchestration.workers) imports this once when the
-run measures token lengths, and each worker forked from it starts with them in memory instead of
-importing them itself.
+The fork server of `vlm-assets run` (vlm_assets.orchestration.workers) imports this once, with
+$VLM_ASSETS_CONFIG naming the run's config, when the run measures token lengths: each worker
+forked from it starts with them in memory instead of loading its own copy.
 """
 
-from vlm_assets.tokens.processor import import_processor_classes
+import os
+
+from vlm_assets.config import CONFIG_ENV_VAR, load_config
+from vlm_assets.tokens.processor import import_processor_classes, shared_processor
+from vlm_assets.tokens.profile import stored_media_tokens
+from vlm_assets.tokens.text import spec_text, stored_text_spec
+
+
+def load_for_measuring(config_path: str) -> None:
+    """Load the config's processor, its stored text spec's tokenizer and its stored media tokens into
+    this process's caches (those not stored yet are left to the first run that stores them)."""
+    app = load_config(config_path)
+    shared_processor(app.model)
+    spec = stored_text_spec(app.model)
+    if spec is not None:
+        spec_text(spec)
+    stored_media_tokens(app.model, app.frame_cache)
+
 
 import_processor_classes()
+if os.environ.get(CONFIG_ENV_VAR):
+    try:
+        load_for_measuring(os.environ[CONFIG_ENV_VAR])
+    except Exception:  # a run that needs them loads them itself, and says why that fails
+        pass

@@ -56,7 +56,7 @@ from vlm_assets.tokens.profile import (
     stored_modalities,
 )
 from vlm_assets.tokens.processor import processor_fingerprint, transformers_version
-from vlm_assets.tokens.text import SpecText, TextCounter, stored_text_spec
+from vlm_assets.tokens.text import TextCounter, spec_text, stored_text_spec
 from vlm_assets.tokens.video_tokens import usable_clip_facts
 
 LENGTH_CHUNK_ROWS = STORE_ROWS
@@ -142,7 +142,7 @@ class _ChunkMeasurer:
         self._exact: LengthCounter | None = None
         if spec is None or modalities is None:
             self._exact = length_counter(model, frame_cache, reject_control_tokens, rule=rule)
-        self.text: TextCounter = SpecText(spec) if spec is not None else self.exact_counter().text
+        self.text: TextCounter = spec_text(spec) if spec is not None else self.exact_counter().text
         self.modalities: Modalities = modalities if modalities is not None else self.exact_counter().modalities
         if rule is not None:
             self.rule = rule.bound_to(self.modalities.processor_class)

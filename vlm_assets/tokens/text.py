@@ -111,6 +111,18 @@ class SpecText:
         return [len(encoding.ids) for batch in _batches(texts) for encoding in self._tokenizer.encode_batch_fast(batch)]
 
 
+def spec_text(spec: TextSpec) -> SpecText:
+    """The SpecText of `spec`, built once per process while the spec stays the same: building one
+    parses the whole tokenizer (most of a second), and a worker measures source after source."""
+    global _last_spec_text
+    if _last_spec_text is None or _last_spec_text.spec != spec:
+        _last_spec_text = SpecText(spec)
+    return _last_spec_text
+
+
+_last_spec_text: SpecText | None = None
+
+
 def text_spec_of(processor: Any) -> TextSpec | None:
     """The processor's text spec, or None when it cannot stand in for the processor exactly."""
     tokenizer = getattr(processor, "tokenizer", None)
