@@ -61,6 +61,11 @@ def test_a_clean_run_elsewhere_gives_the_same_bytes_and_an_unchanged_rerun_does_
     again = run(config, home, *WORKERS)
     assert again.returncode == 0, again.stdout[-3000:]
     assert "0 run(s), 0 materialisation(s), 27 up to date" in again.stdout
+    # Nothing to run: its workers and the process they fork from (loading the processor) were stopped, not left.
+    deadline = time.monotonic() + 10
+    while _processes_on(home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_on(home)
     rewritten = [str(path) for path, mtime in mtimes.items() if path.stat().st_mtime_ns != mtime]
     assert rewritten == []
 
@@ -169,6 +174,19 @@ def _descendants(pid: int) -> set[int]:
             found.add(child)
             todo.append(child)
     return found
+
+
+def _processes_on(home: Path) -> set[int]:
+    """The running processes whose environment names `home` as $DAGSTER_HOME, from /proc."""
+    wanted = f"DAGSTER_HOME={home}".encode()
+    found = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if wanted in environ.read_bytes().split(b"\0"):
+                found.add(int(environ.parent.name))
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return _still_running(found)
 
 
 def _still_running(pids: set[int]) -> set[int]:

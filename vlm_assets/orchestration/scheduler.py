@@ -11,16 +11,16 @@ An asset partition that is up to date (orchestration.freshness) is not run again
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import dagster as dg
 
+from vlm_assets.asset_specs import reads_the_processor
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.defs.automation.dead_runs import IN_FLIGHT, assign_stranded_steps, fail_dead_runs
 from vlm_assets.defs.resources import (
@@ -144,10 +144,6 @@ class _Scheduler:
             self.read[(asset, partition, parent)] = upstream_partitions(self.shape, asset, partition, parent, self.instance)
         return self.read[(asset, partition, parent)]
 
-    def to_come(self, asset: str) -> bool:
-        """Whether a selected partition of `asset` is still to be launched (or judged up to date)."""
-        return asset in self.selected and any((asset, key) not in self.state for key in self.expand(asset) or [None])
-
     def next_ready(self) -> list[tuple[str, str | None]]:
         """Nodes whose inputs are settled; blocked ones are settled as blocked on the way."""
         ready = []
@@ -197,25 +193,18 @@ def run_graph(
         echo = progress.echo(echo)
     submission.check_ready(echo)
     summary = RunSummary()
-    loads = _ProcessorLoads(submission, selection, str(app.path), workers)
-    try:
-        if pool is not None:
-            loads.offer(pool, running=(), to_come=True)  # while what to build is judged (the source walked)
-        summary.dead_runs_failed = prepare_instance(instance, app, echo)
-        freshness, sources = _judge(defs, instance, shape, selection, force)
-        scheduler = _Scheduler(sources, instance, selection, shape, echo, StorageLayout(app.storage_root))
-        unknown = scheduler.unknown_partitions()
-        if unknown:
-            raise ValueError(f"no such partition: {'; '.join(unknown)}")
-    except BaseException:
-        if pool is not None:
-            loads.abandon(pool)
-        raise
+    summary.dead_runs_failed = prepare_instance(instance, app, echo)
+    freshness, sources = _judge(defs, instance, shape, selection, force)
+    scheduler = _Scheduler(sources, instance, selection, shape, echo, StorageLayout(app.storage_root))
+    unknown = scheduler.unknown_partitions()
+    if unknown:
+        raise ValueError(f"no such partition: {'; '.join(unknown)}")
     log_dir = log_dir or Path(os.environ.get("DAGSTER_HOME", ".")) / "logs"
     in_flight: dict[concurrent.futures.Future, tuple[str, str | None]] = {}
     waiting: set[tuple[str, str | None]] = set()  # ready, but another process's run is building them
     next_pool_sweep = time.monotonic() + POOL_SWEEP_S
-    with _Stop(echo) as stop, pool or start_workers(str(app.path), workers) as pool, loads.abandoned_after(pool):
+    with _Stop(echo) as stop, \
+            pool or start_workers(str(app.path), workers, load_processor=reads_the_processor(select)) as pool:
         while True:
             if not stop.requested:
                 launch = []
@@ -241,7 +230,6 @@ def run_graph(
                 for node, processes in zip(launch, shares):
                     echo(f"▶ {label(*node)}" + (f" on {processes} processes" if processes and processes > 1 else ""))
                     in_flight[pool.submit(submission.execute, str(app.path), *node, str(log_dir), processes, force)] = node
-                loads.offer(pool, in_flight.keys(), scheduler.to_come("sample_lengths"))
             if not in_flight:
                 if stop.requested or not scheduler.next_ready():
                     break
@@ -298,55 +286,6 @@ def builds_elsewhere(instance: dg.DagsterInstance) -> dict[tuple[str, str | None
         for asset in assets:
             building[(asset, partition)] = f"run {run.run_id[:8]} ({who})"
     return building
-
-
-class _ProcessorLoads:
-    """Idle local workers load the model's processor (`Submission.load_processor`) for the
-    `sample_lengths` runs to come, while the CLI judges what to build and while other runs execute:
-    their check loads it, seconds mostly spent importing, which an appended source's table (and a
-    chunk of new media) would otherwise wait for.
-
-    Which worker takes a task cannot be chosen: an idle one, the one idle longest first. So a load is
-    offered at the start and each time the runs in flight change, one at a time and only to an idle
-    worker, until each worker has answered one. With one worker, runs would wait for it: none is offered.
-    """
-
-    def __init__(self, submission: Submission, selection: Selection, config_path: str, workers: int) -> None:
-        wanted = workers > 1 and "sample_lengths" in selection.assets
-        self.load = submission.load_processor if wanted else None
-        self.config_path, self.workers = config_path, workers
-        self.loaded: set[int] = set()  # the process ids of workers that answered a load
-        self.loading: concurrent.futures.Future | None = None
-        self.offered_for: frozenset[concurrent.futures.Future] | None = None
-
-    def offer(self, pool: WorkerPool, running: Collection[concurrent.futures.Future], to_come: bool) -> None:
-        """`running`: the runs in flight; `to_come`: whether a `sample_lengths` run is still to be launched."""
-        if self.load is None:
-            return
-        if self.loading is not None:
-            if not self.loading.done():
-                return
-            with contextlib.suppress(Exception):  # a worker lost: its runs report it
-                self.loaded.add(self.loading.result())
-            self.loading = None
-        if not to_come or len(self.loaded) >= self.workers or len(running) >= self.workers \
-                or self.offered_for == frozenset(running):
-            return
-        self.offered_for = frozenset(running)
-        self.loading = pool.submit(self.load, self.config_path)
-
-    def abandon(self, pool: WorkerPool) -> None:
-        """A load still going once nothing is left to run is of no use: the workers are stopped
-        rather than waited for."""
-        if self.loading is not None and not self.loading.done():
-            pool.stop_workers()
-
-    @contextlib.contextmanager
-    def abandoned_after(self, pool: WorkerPool) -> Iterator[None]:
-        try:
-            yield
-        finally:
-            self.abandon(pool)
 
 
 def plan_graph(defs: dg.Definitions, app: AppConfig, instance: dg.DagsterInstance, select: Sequence[str] | None = None,

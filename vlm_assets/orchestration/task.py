@@ -23,10 +23,6 @@ from vlm_assets.orchestration.instance import open_instance
 from vlm_assets.orchestration.worker_output import output_log
 from vlm_assets.package.writer import sha256_file
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
-from vlm_assets.tokens.consumer import counting_rule
-from vlm_assets.tokens.processor import shared_processor
-from vlm_assets.tokens.profile import stored_media_tokens
-from vlm_assets.tokens.table import start_measuring
 
 # Steps' INFO lines on the console logger: in a worker of `vlm-assets run` that is the workers' log
 # file (orchestration.worker_output), not the terminal.
@@ -69,13 +65,10 @@ Execute = Callable[[str, str, str | None, str, int | None, bool], TaskOutcome]
 @dataclass(frozen=True)
 class Submission:
     """Where runs execute: `execute` is what a local worker process does with each task (it must
-    pickle: a module-level function); `check_ready` refuses to start when nothing would take them;
-    `load_processor`, where runs execute in the local workers themselves, what an idle one does
-    (given the config path; it returns its process id) to have the model's processor loaded before a run needs it."""
+    pickle: a module-level function); `check_ready` refuses to start when nothing would take them."""
 
     execute: Execute
     check_ready: Callable[[Callable[[str], None]], None] = lambda echo: None
-    load_processor: Callable[[str], int] | None = None
 
 
 # Per config path, with the sha256 of the file it was built from: a Celery worker's pool process
@@ -132,26 +125,7 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
     return outcome
 
 
-def load_processor_ahead(config_path: str) -> int:
-    """Load the model's processor in this worker process (once; seconds, mostly imports), so that a
-    `sample_lengths` run here, whose check loads it, need not wait for it; and set it up to measure
-    chunks of the first source, as a `sample_length_chunk` run would first, with the stored media
-    tokens read. Returns the process's id."""
-    try:
-        _, _, vlm_config = worker_state(config_path)
-        app = vlm_config.app
-        shared_processor(app.model)
-        sources = vlm_config.sources()
-        if sources:
-            start_measuring(app.model, app.frame_cache, sources[0].rejects_control_tokens,
-                            counting_rule(app, sources[0]))
-        stored_media_tokens(app.model, app.frame_cache)  # kept for the runs that complete chunks with it
-    except Exception:  # the run that needs them sets them up again, and reports why it fails
-        pass
-    return os.getpid()
-
-
-IN_WORKER_PROCESS = Submission(execute_task, load_processor=load_processor_ahead)
+IN_WORKER_PROCESS = Submission(execute_task)
 
 
 def write_run_log(instance: dg.DagsterInstance, run_id: str, log_dir: Path) -> Path:

@@ -11,6 +11,7 @@ What the workers print goes to a log file (orchestration.worker_output), not the
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import select
@@ -88,6 +89,7 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
     log_path: Path  # where the workers' output goes
     _started: list[multiprocessing.process.BaseProcess]
     _starting: threading.Thread | None = None
+    _given_work = False  # a task other than the workers' own start was submitted
 
     def start(self, config_path: str, count: int) -> None:
         """Start `count` workers, each loading the code location, in the background: a start waits
@@ -116,7 +118,20 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
             self._starting.join()
         return self._started
 
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        if fn is not _load_code_location:
+            self._given_work = True
+        return super().submit(fn, *args, **kwargs)
+
     def __exit__(self, exc_type, exc, traceback) -> bool:
+        if exc is None and not self._given_work:
+            # Nothing to run (all up to date): the workers are not waited for, nor the fork server
+            # still loading what they would have run (a processor: seconds).
+            for pid in _fork_servers_of(os.getpid()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.stop_workers()
+            return False
         if self._starting is not None:
             self._starting.join()
         if exc is not None and is_outage(exc):
@@ -133,6 +148,19 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
             except ProcessLookupError:  # not yet in a session of its own
                 worker.kill()
         self.shutdown(wait=True, cancel_futures=True)
+
+
+def _fork_servers_of(pid: int) -> list[int]:
+    """The fork server processes `pid` started, read from /proc (none found where there is none)."""
+    servers = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if parent == pid and b"multiprocessing.forkserver" in (stat.parent / "cmdline").read_bytes():
+                servers.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+    return servers
 
 
 def start_workers(config_path: str, workers: int, load_processor: bool = False) -> WorkerPool:

@@ -180,7 +180,7 @@ _measurer: _ChunkMeasurer | None = None
 def start_measuring(model: ModelConfig, frame_cache: FrameCacheConfig, reject_control_tokens: bool,
                     rule: CountingRule | None = None, clip_spool: Path | None = None) -> None:
     """Set this process up to measure chunks of samples (the text spec's tokenizer built): each
-    process of `write_length_table` does first, and a worker may ahead of its chunk runs."""
+    process of `write_length_table` does first."""
     global _measurer
     # Kept for the next run in this process (a worker measures chunk after chunk): building it parses
     # the stored text spec and a tokenizer, a second of work and memory that each run left behind.
