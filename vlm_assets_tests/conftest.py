@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,16 +60,49 @@ class ReferenceRun:
     result: subprocess.CompletedProcess
 
 
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every pytest-xdist worker of this test session shares (the session's own without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextmanager
+def session_lock(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """Hold the session-wide lock `name`: what one worker builds under it, the others then reuse."""
+    path = session_dir(tmp_path_factory) / f"{name}.lock"
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield path
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def reference_run(demo_config_path: Path, tmp_path_factory: pytest.TempPathFactory) -> ReferenceRun:
-    """The one full-graph run of a test session, shared by every test that needs the whole graph built."""
+    """The one full-graph run of a test session, shared by every test that needs the whole graph
+    built (read-only), on whichever pytest-xdist worker asks first."""
     from vlm_assets_tests.run_support import run, site_config, snapshot
 
-    site = tmp_path_factory.mktemp("reference")
-    config = site_config(demo_config_path, site)
-    result = run(config, site / "home", "--workers", "2")
-    assert result.returncode == 0, result.stdout[-4000:]
-    return ReferenceRun(config, site / "home", site / "vlm_data", snapshot(site / "vlm_data"), result)
+    site = session_dir(tmp_path_factory) / "reference"
+    record = site / "run.json"
+    with session_lock(tmp_path_factory, "reference"):
+        if not record.exists():
+            config = site_config(demo_config_path, site)
+            result = run(config, site / "home", "--workers", "2")
+            record.write_text(json.dumps({"config": str(config), "returncode": result.returncode, "stdout": result.stdout,
+                                          "outputs": snapshot(site / "vlm_data") if result.returncode == 0 else {}}))
+    built = json.loads(record.read_text())
+    assert built["returncode"] == 0, built["stdout"][-4000:]
+    result = subprocess.CompletedProcess(["vlm-assets", "run"], built["returncode"], built["stdout"], "")
+    return ReferenceRun(Path(built["config"]), site / "home", site / "vlm_data", built["outputs"], result)
+
+
+@pytest.fixture(scope="session")
+def family_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the offline processors of the nine families (processor_families.py) are built, once per
+    test session for every module and pytest-xdist worker (the build is process-safe)."""
+    return session_dir(tmp_path_factory) / "families"
 
 
 @pytest.fixture(scope="session")

@@ -44,9 +44,8 @@ REAL_VIDEOS = ("decord/examples/flipping_a_pancake.mkv", "decord/tests/test_data
 
 
 @pytest.fixture(scope="module")
-def family_dirs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("families")
-    return {family: family_processor_dir(family, root) for family in FAMILIES}
+def family_dirs(family_cache) -> dict[str, Path]:
+    return {family: family_processor_dir(family, family_cache) for family in FAMILIES}
 
 
 @pytest.fixture(scope="module")

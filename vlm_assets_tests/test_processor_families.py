@@ -19,19 +19,14 @@ CONVERSATION = [
 
 
 @pytest.fixture(scope="module")
-def families_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("processor-families")
-
-
-@pytest.fixture(scope="module")
-def load(families_dir: Path):
+def load(family_cache: Path):
     from transformers import AutoProcessor
 
     loaded = {}
 
     def processor(family: str):
         if family not in loaded:
-            directory = family_processor_dir(family, families_dir)
+            directory = family_processor_dir(family, family_cache)
             loaded[family] = AutoProcessor.from_pretrained(str(directory), local_files_only=True)
         return loaded[family]
 
@@ -51,12 +46,12 @@ def qwen_tiktoken():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_family_processor_loads_and_counts_an_image(family, load, families_dir, qwen_tiktoken):
+def test_family_processor_loads_and_counts_an_image(family, load, family_cache, qwen_tiktoken):
     processor = load(family)
     assert type(processor).__name__ == PROCESSOR_CLASSES[family]
-    built = families_dir / family
+    built = family_cache / family
     inode = built.stat().st_ino
-    assert family_processor_dir(family, families_dir) == built and built.stat().st_ino == inode  # reused
+    assert family_processor_dir(family, family_cache) == built and built.stat().st_ino == inode  # reused
 
     specials = SPECIAL_TOKENS[family]
     assert all(len(processor.tokenizer(token, add_special_tokens=False)["input_ids"]) == 1 for token in specials)

@@ -56,9 +56,8 @@ HELD_OUT_CLIPS = (
 
 
 @pytest.fixture(scope="module")
-def family_dirs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("families")
-    return {family: family_processor_dir(family, root) for family in VIDEO_FAMILIES}
+def family_dirs(family_cache) -> dict[str, Path]:
+    return {family: family_processor_dir(family, family_cache) for family in VIDEO_FAMILIES}
 
 
 @pytest.fixture(scope="module")
