@@ -216,6 +216,24 @@ def source_lineage() -> list[str]:
 SELECTED_PARTITION = re.compile(r"^(?P<asset>[^\[\]]+)\[(?P<partition>[^\[\]]+)\]$")
 
 
+def may_measure_lengths(selection: Iterable[str] | None, app: AppConfig, force: bool) -> bool:
+    """Whether building `selection` may measure token lengths, loading the model's processor: it
+    reads the processor, and `force` or a selected source has no length table yet. A guess from the
+    files alone, for what to load ahead of the runs: a source whose table is there but stale is
+    measured all the same, loading the processor where it is needed."""
+    if not reads_the_processor(selection):
+        return False
+    if force:
+        return True
+    configured = [source.name for source in app.sources]
+    items = [selected_asset(item) for item in selection or ()]
+    named = {source for _, partition in items if partition for source in configured
+             if partition == source or partition.endswith(f"|{source}")}
+    sources = configured if not items or any(partition is None for _, partition in items) or not named else named
+    layout = StorageLayout(app.storage_root)
+    return any(not layout.lengths(source).exists() for source in sources)
+
+
 def selected_asset(item: str) -> tuple[str, str | None]:
     """One `run --select` item as (asset, partition or None); ValueError naming the known assets when
     the asset is none of them."""

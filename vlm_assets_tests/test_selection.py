@@ -6,7 +6,11 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
+from vlm_assets.asset_specs import may_measure_lengths
+from vlm_assets.config import load_config
 from vlm_assets.definitions import build_definitions
+from vlm_assets.demo import write_demo
+from vlm_assets.layout import StorageLayout
 from vlm_assets.orchestration.selection import graph_shape, selection_of, upstream_partitions
 
 
@@ -82,3 +86,19 @@ def test_selection_errors_name_the_item(shape):
         selection_of(shape, ["training_mix[x]"])
     with pytest.raises(ValueError, match="unknown asset key"):
         selection_of(shape, ["no_such_asset[demo_wds]"])
+
+
+def test_the_processor_is_loaded_ahead_only_for_a_selection_that_may_measure_lengths(tmp_path):
+    app = load_config(write_demo(tmp_path / "demo"))
+    layout = StorageLayout(app.storage_root)
+    assert may_measure_lengths(None, app, force=False)  # no table yet
+    assert not may_measure_lengths(["sample_catalog"], app, force=False)  # reads no processor
+    layout.lengths("demo_images").parent.mkdir(parents=True)
+    layout.lengths("demo_images").write_bytes(b"a table")
+    assert not may_measure_lengths(["packed_json[demo_images]", "sample_length_chunk[00000|demo_images]"], app, force=False)
+    assert may_measure_lengths(["packed_json[demo_images]"], app, force=True)
+    assert may_measure_lengths(["packed_json[demo_video]"], app, force=False)
+    assert may_measure_lengths(["packed_json[demo_images]", "training_mix"], app, force=False)  # every source
+    for source in ("demo_video", "demo_wds"):
+        layout.lengths(source).write_bytes(b"a table")
+    assert not may_measure_lengths(None, app, force=False)

@@ -3,8 +3,9 @@ model reads (transformers' processor classes, torch and torchvision; the process
 tokenizer of its stored text spec and its stored media tokens), seconds of a core.
 
 The fork server of `vlm-assets run` (vlm_assets.orchestration.workers) imports this once, with
-$VLM_ASSETS_CONFIG naming the run's config, when the run measures token lengths: each worker
-forked from it starts with them in memory instead of loading its own copy.
+$VLM_ASSETS_CONFIG naming the run's config, when the run may measure token lengths
+(asset_specs.may_measure_lengths): each worker forked from it starts with them in memory instead
+of loading its own copy.
 """
 
 import os
