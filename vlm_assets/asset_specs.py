@@ -65,6 +65,8 @@ class AssetSpec:
     locks: LocksOf
     # Whether the processor's fingerprint (its files, kwargs and the transformers release) is a setting.
     reads_processor: bool = False
+    # Whether the step or its checks run Megatron-Energon (importing it and torch: seconds of a core).
+    runs_energon: bool = False
     # What a build publishes to object storage, files and folders mirrored whole (None: its outputs).
     published: Paths | None = None
 
@@ -141,14 +143,14 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
     ),
     AssetSpec(
         "energon_dataset", 3, "packing", Partitioning.SOURCES, ("packed_wds_shards",),
-        settings=lambda app: [app.sample.sample_type],
+        settings=lambda app: [app.sample.sample_type], runs_energon=True,
         outputs=lambda layout, source, _app: [layout.packed_wds(source) / MAIN_FOLDER_NAME / DATASET_YAML],
         published=lambda layout, source, _app: [layout.packed_wds(source)],
         locks=_writes_source,
     ),
     AssetSpec(
         "training_mix", 2, "packing", Partitioning.NONE, ("energon_dataset",),
-        settings=lambda app: [app.sample.sample_type],
+        settings=lambda app: [app.sample.sample_type], runs_energon=True,
         outputs=lambda layout, _partition, _app: [layout.metadataset],
         locks=lambda layout, _partition, _app, sources: Locks(
             exclusive=(layout.TRAINING_MIX_LOCK,), shared=tuple(layout.source_lock(source) for source in sources)),
@@ -194,9 +196,9 @@ def spec_of(asset: str) -> AssetSpec:
     return SPECS[asset]
 
 
-def reads_the_processor(selection: Iterable[str] | None) -> bool:
-    """Whether building `selection` (asset names or `asset[partition]`, and what they read; None:
-    every asset) runs a step that loads the model's processor."""
+def _built_by(selection: Iterable[str] | None) -> set[str]:
+    """The assets building `selection` (asset names or `asset[partition]`, and what they read; None:
+    every asset) may build."""
     todo = [selected_asset(item)[0] for item in selection] if selection else list(SPECS)
     seen: set[str] = set()
     while todo:
@@ -204,7 +206,17 @@ def reads_the_processor(selection: Iterable[str] | None) -> bool:
         if name in SPECS and name not in seen:
             seen.add(name)
             todo.extend(SPECS[name].upstream)
-    return any(SPECS[name].reads_processor for name in seen)
+    return seen
+
+
+def reads_the_processor(selection: Iterable[str] | None) -> bool:
+    """Whether building `selection` runs a step that loads the model's processor."""
+    return any(SPECS[name].reads_processor for name in _built_by(selection))
+
+
+def runs_energon(selection: Iterable[str] | None) -> bool:
+    """Whether building `selection` runs a step or check that runs Megatron-Energon."""
+    return any(SPECS[name].runs_energon for name in _built_by(selection))
 
 
 def source_lineage() -> list[str]:

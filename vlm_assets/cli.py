@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from vlm_assets.arguments import whole_number
-from vlm_assets.asset_specs import ASSET_NAMES, may_measure_lengths, selected_asset
+from vlm_assets.asset_specs import ASSET_NAMES, may_measure_lengths, runs_energon, selected_asset
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig, ConfigError, load_config
 from vlm_assets.orchestration.home import default_home, ensure_dagster_home, project_dir, remember_for_dagster_dev
 from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable
@@ -64,7 +64,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     os.environ[PROGRESS_DIR_ENV_VAR] = str(progress_dir)
     # Before this process imports Dagster: the workers' own loads then overlap it.
     in_worker_processes = args.executor != "celery"
-    with start_workers(str(app.path), workers, load_processor=in_worker_processes and may_measure_lengths(select, app, args.force)) as pool, \
+    with start_workers(str(app.path), workers, import_energon=in_worker_processes and runs_energon(select),
+                       load_processor=in_worker_processes and may_measure_lengths(select, app, args.force)) as pool, \
             _removed_after(progress_dir):
         print(f"worker output (Dagster's and the libraries' logs): {pool.log_path}", flush=True)
         from vlm_assets.definitions import build_definitions

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from vlm_assets.asset_specs import may_measure_lengths
+from vlm_assets.asset_specs import may_measure_lengths, runs_energon
 from vlm_assets.config import load_config
 from vlm_assets.definitions import build_definitions
 from vlm_assets.demo import write_demo
@@ -102,3 +102,8 @@ def test_the_processor_is_loaded_ahead_only_for_a_selection_that_may_measure_len
     for source in ("demo_video", "demo_wds"):
         layout.lengths(source).write_bytes(b"a table")
     assert not may_measure_lengths(None, app, force=False)
+
+
+def test_energon_is_imported_ahead_only_for_a_selection_that_runs_it():
+    assert runs_energon(None) and runs_energon(["training_package"]) and runs_energon(["energon_dataset[demo_wds]"])
+    assert not runs_energon(["packed_wds_shards", "frame_cache_index"])

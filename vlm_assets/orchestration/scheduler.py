@@ -20,7 +20,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from vlm_assets.asset_specs import may_measure_lengths
+from vlm_assets.asset_specs import may_measure_lengths, runs_energon
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.defs.automation.dead_runs import IN_FLIGHT, assign_stranded_steps, fail_dead_runs
 from vlm_assets.defs.resources import (
@@ -204,7 +204,8 @@ def run_graph(
     waiting: set[tuple[str, str | None]] = set()  # ready, but another process's run is building them
     next_pool_sweep = time.monotonic() + POOL_SWEEP_S
     with _Stop(echo) as stop, \
-            pool or start_workers(str(app.path), workers, load_processor=may_measure_lengths(select, app, force)) as pool:
+            pool or start_workers(str(app.path), workers, import_energon=runs_energon(select),
+                                  load_processor=may_measure_lengths(select, app, force)) as pool:
         while True:
             if not stop.requested:
                 launch = []

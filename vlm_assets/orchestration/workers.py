@@ -26,9 +26,11 @@ from vlm_assets.orchestration.worker_output import send_output_to, workers_log_p
 from vlm_assets.parallel import skip_teardown_at_exit
 
 CLI_WATCH_S = 1.0
-# What a worker runs (orchestration.task), imported by the process the workers are forked from; and,
-# when the run measures token lengths, the model's processor and what measuring reads, loaded there.
+# What a worker runs (orchestration.task), imported by the process the workers are forked from; and
+# there too, when the run needs them: Megatron-Energon (with torch), and the model's processor with
+# what measuring token lengths reads.
 WORKER_MODULE = "vlm_assets.orchestration.task"
+ENERGON_MODULE = "vlm_assets.packing.energon_loader"
 PROCESSOR_MODULE = "vlm_assets.tokens.preload"
 
 
@@ -163,10 +165,11 @@ def _fork_servers_of(pid: int) -> list[int]:
     return servers
 
 
-def start_workers(config_path: str, workers: int, load_processor: bool = False) -> WorkerPool:
+def start_workers(config_path: str, workers: int, import_energon: bool = False, load_processor: bool = False) -> WorkerPool:
     """`workers` worker processes for `run_graph`, started in the background (WorkerPool.start), each
     then loading the code location; their output goes to a new file under $DAGSTER_HOME/logs
-    (`pool.log_path`). `load_processor`: the runs will load the model's processor in them.
+    (`pool.log_path`). `import_energon`, `load_processor`: the runs will run Megatron-Energon, load
+    the model's processor, in them.
 
     $DAGSTER_HOME must be set first (see `vlm_assets.orchestration.home`): the workers open that instance.
     """
@@ -178,7 +181,8 @@ def start_workers(config_path: str, workers: int, load_processor: bool = False) 
     # definitions' modules: seconds of a core) once, rather than each importing it; the server
     # holds no thread a fork could copy mid-state, as the CLI may.
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([WORKER_MODULE, *([PROCESSOR_MODULE] if load_processor else [])])
+    context.set_forkserver_preload([WORKER_MODULE, *([ENERGON_MODULE] if import_energon else []),
+                                    *([PROCESSOR_MODULE] if load_processor else [])])
     os.environ[CONFIG_ENV_VAR] = config_path  # the fork server inherits it: PROCESSOR_MODULE loads this config's processor
     pool = WorkerPool(
         max_workers=max(1, workers), mp_context=context, initializer=_worker_init,
