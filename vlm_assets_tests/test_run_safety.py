@@ -49,11 +49,17 @@ def reference(reference_run):
     return reference_run.config, reference_run.outputs, reference_run.result
 
 
-def test_a_clean_run_elsewhere_gives_the_same_bytes_and_an_unchanged_rerun_does_nothing(reference, demo_config_path, tmp_path):
+def test_clean_runs_elsewhere_give_the_same_bytes_side_by_side_and_an_unchanged_rerun_does_nothing(
+        reference, demo_config_path, tmp_path):
     _, expected, first = reference
     config = site_config(demo_config_path, tmp_path)
     home = tmp_path / "home"
-    assert run(config, home, "--workers", "1").returncode == 0
+    # Two runs on one storage root at once, each on its own instance (the same file locks order them
+    # as on one instance, test_concurrent_runs_on_one_instance…), one worker each.
+    processes = [start_run(config, instance_home, "--workers", "1") for instance_home in (home, tmp_path / "home2")]
+    for process in processes:
+        output = process.communicate(timeout=600)[0]
+        assert process.returncode == 0, output[-4000:]
     assert differences(expected, snapshot(tmp_path / "vlm_data")) == []
 
     outputs = [path for path in (tmp_path / "vlm_data").rglob("*") if path.is_file() and LOCK_DIR not in path.parts]
@@ -294,27 +300,23 @@ def test_an_output_deleted_or_cut_short_on_disk_is_rebuilt_with_what_energon_nee
     with open(shard, "r+b") as handle:
         handle.truncate(shard.stat().st_size // 2)
     assert "are cut short" in plan()
-    rebuilt()
-
     lengths = layout.lengths("demo_images")
     with open(lengths, "r+b") as handle:
         handle.truncate(lengths.stat().st_size - 10)
     assert f"↳ {lengths} is cut short (no Parquet footer)" in plan()
-    rebuilt()
+    rebuilt()  # both at once
     shown = plan()  # each rebuild left nothing behind that a later run would take for missing or stale
     assert "0 of" in shown, [line for line in shown.splitlines() if "up to date" not in line]
 
 
-@pytest.mark.parametrize("instances", ["one instance", "two instances"])
-def test_concurrent_runs_on_one_storage_root_never_fail_and_write_the_same_bytes(reference, demo_config_path, tmp_path, instances):
+def test_concurrent_runs_on_one_instance_never_fail_and_write_the_same_bytes(reference, demo_config_path, tmp_path):
     _, expected, _ = reference
     config = site_config(demo_config_path, tmp_path)
-    homes = [tmp_path / "home", tmp_path / ("home" if instances == "one instance" else "home2")]
-    # Then both force a rebuild of one source's lineage over the outputs there:
-    # the same file locks order it on either instance setup, so one instance shows it.
+    home = tmp_path / "home"
+    # Both build the whole graph, then both force a rebuild of one source's lineage over the outputs there.
     forced = ("--force", "--select", "energon_dataset[demo_video]")
-    for attempt in range(2 if instances == "one instance" else 1):
-        processes = [start_run(config, home, "--workers", "1", *(forced if attempt else ())) for home in homes]
+    for attempt in range(2):
+        processes = [start_run(config, home, "--workers", "1", *(forced if attempt else ())) for _ in range(2)]
         outputs = [process.communicate(timeout=600)[0] for process in processes]
         for process, output in zip(processes, outputs):
             assert process.returncode == 0, output[-4000:]
