@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import select
 import signal
@@ -183,7 +184,17 @@ def start_workers(config_path: str, workers: int, import_energon: bool = False, 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([WORKER_MODULE, *([ENERGON_MODULE] if import_energon else []),
                                     *([PROCESSOR_MODULE] if load_processor else [])])
-    os.environ[CONFIG_ENV_VAR] = config_path  # the fork server inherits it: PROCESSOR_MODULE loads this config's processor
+    # Started here, with the config in its environment (PROCESSOR_MODULE loads that config's
+    # processor), and that setting taken back from this process's own.
+    before = os.environ.get(CONFIG_ENV_VAR)
+    os.environ[CONFIG_ENV_VAR] = config_path
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ[CONFIG_ENV_VAR]
+        else:
+            os.environ[CONFIG_ENV_VAR] = before
     pool = WorkerPool(
         max_workers=max(1, workers), mp_context=context, initializer=_worker_init,
         initargs=(config_path, str(log_path), os.getpid()),
