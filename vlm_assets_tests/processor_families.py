@@ -9,11 +9,13 @@ on each family, with no model download.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -382,31 +384,63 @@ SPECIAL_TOKENS: dict[str, tuple[str, ...]] = {family: spec.tokenizer.specials fo
 
 
 def family_processor_dir(family: str, cache_dir: Path) -> Path:
-    """Build (once; reuse if already there, process-safe enough via temp dir + os.replace) and return a processor
-    directory under cache_dir/<family> that AutoProcessor.from_pretrained(dir, local_files_only=True) loads as that
-    family's processor class."""
-    if family not in SPECS:
-        raise ValueError(f"unknown processor family {family!r}; known: {', '.join(FAMILIES)}")
-    target = Path(cache_dir) / family
+    """Build (once; reused if already there) and return a processor directory under cache_dir/<family> that
+    AutoProcessor.from_pretrained(dir, local_files_only=True) loads as that family's processor class. A process
+    asking while another builds it waits for that build and reuses it."""
+    target = _family_target(family, cache_dir)
     if _is_current(target):
         return target
+    with _build_lock(target, wait=True):
+        return _build(family, target)
+
+
+def family_processor_dirs(families: tuple[str, ...], cache_dir: Path) -> dict[str, Path]:
+    """family_processor_dir of each of `families`. Processes asking at once split the builds: each first builds
+    the families no other process is building, then waits for the rest."""
+    for family in families:
+        target = _family_target(family, cache_dir)
+        if not _is_current(target):
+            with _build_lock(target, wait=False) as held:
+                if held:
+                    _build(family, target)
+    return {family: family_processor_dir(family, cache_dir) for family in families}
+
+
+def _family_target(family: str, cache_dir: Path) -> Path:
+    if family not in SPECS:
+        raise ValueError(f"unknown processor family {family!r}; known: {', '.join(FAMILIES)}")
+    return Path(cache_dir) / family
+
+
+@contextlib.contextmanager
+def _build_lock(target: Path, wait: bool) -> Iterator[bool]:
+    """The lock on building `target`: held (True), or, without `wait`, False while another process holds it."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(family: str, target: Path) -> Path:
+    """Write the family's processor directory at `target` (temp dir + rename), under its build lock."""
+    if _is_current(target):  # built by the process that held the lock before
+        return target
     staging = Path(tempfile.mkdtemp(prefix=f".{family}.", dir=target.parent))
     try:
         build_processor(family).save_pretrained(staging)
         (staging / VERSION_FILE).write_text(BUILD_VERSION)
         if target.exists():  # written by another BUILD_VERSION: move it aside (rename onto an empty dir)
             stale = Path(tempfile.mkdtemp(prefix=f".{family}.stale.", dir=target.parent))
-            try:
-                os.replace(target, stale)
-            except FileNotFoundError:
-                pass
+            os.replace(target, stale)
             shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.replace(staging, target)
-        except OSError:
-            if not _is_current(target):  # else another process finished the same build first
-                raise
+        os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

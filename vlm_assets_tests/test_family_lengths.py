@@ -29,7 +29,7 @@ from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, model_
 from vlm_assets.tokens.table import sample_kind
 from vlm_assets.tokens.text import control_tokens_of
 from vlm_assets_tests.catalog_support import build_catalog
-from vlm_assets_tests.processor_families import FAMILIES, direct_length, family_processor_dir
+from vlm_assets_tests.processor_families import FAMILIES, direct_length, family_processor_dirs
 from vlm_assets_tests.run_support import run
 from vlm_assets_tests.test_frames import make_video
 
@@ -45,7 +45,7 @@ REAL_VIDEOS = ("decord/examples/flipping_a_pancake.mkv", "decord/tests/test_data
 
 @pytest.fixture(scope="module")
 def family_dirs(family_cache) -> dict[str, Path]:
-    return {family: family_processor_dir(family, family_cache) for family in FAMILIES}
+    return family_processor_dirs(FAMILIES, family_cache)
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from vlm_assets.tokens.profile import ProcessorProfile, model_types_of, prove_fa
 from vlm_assets.tokens.table import write_length_table
 from vlm_assets.tokens.video_tokens import TIME_SLOT, usable_clip_facts, video_expansion
 from vlm_assets_tests.catalog_support import build_catalog
-from vlm_assets_tests.processor_families import direct_length, family_processor_dir
+from vlm_assets_tests.processor_families import direct_length, family_processor_dirs
 
 pytestmark = pytest.mark.families
 
@@ -57,7 +57,7 @@ HELD_OUT_CLIPS = (
 
 @pytest.fixture(scope="module")
 def family_dirs(family_cache) -> dict[str, Path]:
-    return {family: family_processor_dir(family, family_cache) for family in VIDEO_FAMILIES}
+    return family_processor_dirs(VIDEO_FAMILIES, family_cache)
 
 
 @pytest.fixture(scope="module")
