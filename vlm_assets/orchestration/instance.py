@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+# Most of the second an open takes is importing the SQL libraries Dagster's storage is built on:
+# imported with this module, so the fork server of `vlm-assets run` imports them once for all its
+# workers, and processes opening an instance at once queue under its lock only for the rest.
+import alembic.command  # noqa: F401
 import dagster as dg
+import sqlalchemy.orm  # noqa: F401
 
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.defs.automation.dead_runs import fail_dead_runs
@@ -16,11 +21,6 @@ from vlm_assets.root_owner import claim_object_root, claim_storage_root
 
 def open_instance(home: Path) -> dg.DagsterInstance:
     """The instance in `home`; the first process to open a new one creates its tables alone."""
-    # Most of the second an open takes is importing the SQL libraries Dagster's storage is built
-    # on: done before the lock, the CLI and its workers starting together queue only for the rest.
-    import alembic.command  # noqa: F401
-    import sqlalchemy.orm  # noqa: F401
-
     with file_lock(home, "instance-init"):
         return dg.DagsterInstance.get()
 
