@@ -25,6 +25,7 @@ from vlm_assets.tokens.processor import (
     QWEN2_PATTERN,
     QWEN2_VL_CHAT_TEMPLATE,
     import_transformers,
+    list_added_tokens_in_tokenizer_config,
     qwen_tiktoken_file,
 )
 
@@ -32,7 +33,7 @@ FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevis
                              "llava_next", "mistral3", "glm4v")
 
 # Bump when a family's build changes: a cached directory written by another version is rebuilt.
-BUILD_VERSION = "3"
+BUILD_VERSION = "4"
 VERSION_FILE = "vlm_assets_family_version.txt"
 
 FIRST_SPECIAL_ID = 151643  # the first id after the Qwen BPE ranks
@@ -435,6 +436,7 @@ def _build(family: str, target: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{family}.", dir=target.parent))
     try:
         build_processor(family).save_pretrained(staging)
+        list_added_tokens_in_tokenizer_config(staging)
         (staging / VERSION_FILE).write_text(BUILD_VERSION)
         if target.exists():  # written by another BUILD_VERSION: move it aside (rename onto an empty dir)
             stale = Path(tempfile.mkdtemp(prefix=f".{family}.stale.", dir=target.parent))

@@ -125,18 +125,19 @@ def build_embedded_processor(target: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         processor.save_pretrained(staging)
-        _list_added_tokens_in_tokenizer_config(staging)
+        list_added_tokens_in_tokenizer_config(staging)
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
-def _list_added_tokens_in_tokenizer_config(directory: Path) -> None:
-    """Copy tokenizer.json's added tokens into tokenizer_config.json as `added_tokens_decoder`.
+def list_added_tokens_in_tokenizer_config(directory: Path) -> None:
+    """Copy tokenizer.json's added tokens into tokenizer_config.json as `added_tokens_decoder`, as
+    released processors list them (transformers 5 saves a tokenizer without them).
 
-    A tokenizer_config.json without them makes transformers parse the whole tokenizer.json (18 MB)
-    in Python once more, only to find them, on every load of the processor.
+    A tokenizer_config.json without them makes transformers parse the whole tokenizer.json (18 MB
+    for Qwen's vocabulary) in Python once more, only to find them, on every load of the processor.
     """
     added = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
     config_path = directory / "tokenizer_config.json"
