@@ -22,9 +22,7 @@ VLM_ASSETS_CONFIG="$work/demo/vlm_assets.yaml" DAGSTER_HOME="$work/home" \
 
 echo "== pytest, every tier"
 # A throwaway sqlite instance per test, even in a shell whose VLM_ASSETS_PG_* point at a real server.
-# Three workers on CI's two cores: the process tests spend part of their time waiting (on the
-# processes and servers they start, on sqlite's disk syncs), which a third worker fills.
-env -u VLM_ASSETS_PG_HOST .venv/bin/python -m pytest -q -m "" -n 3 "$@"
+env -u VLM_ASSETS_PG_HOST .venv/bin/python -m pytest -q -m "" "$@"
 
 # The token-length tests again under the oldest transformers release supported (the run above had
 # the newest the range allows).

@@ -118,12 +118,12 @@ def processor():
     return load_processor(ModelConfig(processor_kwargs={"min_pixels": 3136, "max_pixels": 1003520}))
 
 
-# Under pytest-xdist (plain `pytest` runs two workers, `scripts/test.sh` three), tests go to workers a
+# Under pytest-xdist (plain `pytest` and `scripts/test.sh` run two workers), tests go to workers a
 # whole module at a time (`--dist loadfile`), so a module's fixtures are built once. (xdist's
 # `loadgroup` names its groups by a suffix on the test's node id, which pytest 9 no longer reads
 # back: every test became a group of its own.) Modules start in this order, the longest of the full
 # tier first (`--no-loadscope-reorder`: else xdist starts the modules with the most tests first, and
-# a one-test module of two minutes ends last, alone), so the workers end at about the same time.
+# a one-test module of two minutes ends last, alone), so the two workers end at about the same time.
 LONGEST_FIRST = ("test_run_safety", "test_family_lengths", "test_object_store", "test_append", "test_chunked_source",
                  "test_celery", "test_ui_agreement", "test_e2e_ui", "test_provenance", "test_cli_run",
                  "test_default_instance", "test_video_tokens", "test_partition_registration", "test_instance_outage",
