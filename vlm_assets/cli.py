@@ -20,7 +20,7 @@ from vlm_assets.config import CONFIG_ENV_VAR, AppConfig, ConfigError, load_confi
 from vlm_assets.orchestration.home import default_home, ensure_dagster_home, project_dir, remember_for_dagster_dev
 from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable
 from vlm_assets.orchestration.workers import default_workers, start_workers
-from vlm_assets.parallel import exit_without_teardown
+from vlm_assets.parallel import exit_without_teardown, imports_without_gc
 from vlm_assets.progress import PROGRESS_DIR_ENV_VAR
 
 EXIT_INSTANCE_UNREACHABLE = 3
@@ -68,13 +68,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
                        load_processor=in_worker_processes and may_measure_lengths(select, app, args.force)) as pool, \
             _removed_after(progress_dir):
         print(f"worker output (Dagster's and the libraries' logs): {pool.log_path}", flush=True)
-        from vlm_assets.definitions import build_definitions
-        from vlm_assets.orchestration.celery_runs import CELERY
-        from vlm_assets.orchestration.instance import open_instance
-        from vlm_assets.orchestration.progress_view import ProgressView
-        from vlm_assets.orchestration.report import print_outputs
-        from vlm_assets.orchestration.scheduler import run_graph
-        from vlm_assets.orchestration.task import IN_WORKER_PROCESS
+        with imports_without_gc():
+            from vlm_assets.definitions import build_definitions
+            from vlm_assets.orchestration.celery_runs import CELERY
+            from vlm_assets.orchestration.instance import open_instance
+            from vlm_assets.orchestration.progress_view import ProgressView
+            from vlm_assets.orchestration.report import print_outputs
+            from vlm_assets.orchestration.scheduler import run_graph
+            from vlm_assets.orchestration.task import IN_WORKER_PROCESS
 
         defs = build_definitions(str(app.path))
         with open_instance(home) as instance:
@@ -105,9 +106,10 @@ def _removed_after(directory: Path) -> Iterator[None]:
 
 
 def _plan(app: AppConfig, home: Path, select: list[str] | None) -> int:
-    from vlm_assets.definitions import build_definitions
-    from vlm_assets.orchestration.instance import open_instance
-    from vlm_assets.orchestration.scheduler import plan_graph
+    with imports_without_gc():
+        from vlm_assets.definitions import build_definitions
+        from vlm_assets.orchestration.instance import open_instance
+        from vlm_assets.orchestration.scheduler import plan_graph
 
     defs = build_definitions(str(app.path))
     with open_instance(home) as instance:

@@ -19,6 +19,7 @@ import select
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from vlm_assets.config import CONFIG_ENV_VAR
@@ -27,6 +28,9 @@ from vlm_assets.orchestration.worker_output import send_output_to, workers_log_p
 from vlm_assets.parallel import skip_teardown_at_exit
 
 CLI_WATCH_S = 1.0
+# The one module the fork server imports itself: it imports those named in PRELOAD_ENV_VAR.
+FORK_SERVER_MODULE = "vlm_assets.orchestration.fork_server"
+PRELOAD_ENV_VAR = "VLM_ASSETS_FORK_SERVER_PRELOAD"
 # What a worker runs (orchestration.task), imported by the process the workers are forked from; and
 # there too, when the run needs them: Megatron-Energon (with torch), and the model's processor with
 # what measuring token lengths reads.
@@ -153,6 +157,20 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
         self.shutdown(wait=True, cancel_futures=True)
 
 
+@contextlib.contextmanager
+def _environment(settings: dict[str, str]) -> Iterator[None]:
+    before = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+
+
 def _fork_servers_of(pid: int) -> list[int]:
     """The fork server processes `pid` started, read from /proc (none found where there is none)."""
     servers = []
@@ -182,19 +200,12 @@ def start_workers(config_path: str, workers: int, import_energon: bool = False, 
     # definitions' modules: seconds of a core) once, rather than each importing it; the server
     # holds no thread a fork could copy mid-state, as the CLI may.
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([WORKER_MODULE, *([ENERGON_MODULE] if import_energon else []),
-                                    *([PROCESSOR_MODULE] if load_processor else [])])
-    # Started here, with the config in its environment (PROCESSOR_MODULE loads that config's
-    # processor), and that setting taken back from this process's own.
-    before = os.environ.get(CONFIG_ENV_VAR)
-    os.environ[CONFIG_ENV_VAR] = config_path
-    try:
+    context.set_forkserver_preload([FORK_SERVER_MODULE])
+    preload = [WORKER_MODULE, *([ENERGON_MODULE] if import_energon else []), *([PROCESSOR_MODULE] if load_processor else [])]
+    # Started here, with what it imports and the config in its environment (PROCESSOR_MODULE loads
+    # that config's processor), and those settings taken back from this process's own.
+    with _environment({PRELOAD_ENV_VAR: ",".join(preload), CONFIG_ENV_VAR: config_path}):
         multiprocessing.forkserver.ensure_running()
-    finally:
-        if before is None:
-            del os.environ[CONFIG_ENV_VAR]
-        else:
-            os.environ[CONFIG_ENV_VAR] = before
     pool = WorkerPool(
         max_workers=max(1, workers), mp_context=context, initializer=_worker_init,
         initargs=(config_path, str(log_path), os.getpid()),

@@ -12,7 +12,7 @@ from vlm_assets.config import CONFIG_ENV_VAR, load_config
 from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, default_home, ensure_dagster_home, project_dir
 from vlm_assets.orchestration.outage import require_reachable
 from vlm_assets.orchestration.workers import default_workers
-from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
+from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, imports_without_gc
 from vlm_assets.scale_out import core_shares
 
 WORKER_ARGS = (
@@ -52,11 +52,12 @@ def start_worker(args: argparse.Namespace) -> int:
     concurrency = args.concurrency or default_workers()
     # Loaded here, before Celery forks its pool processes, rather than by each of them on its first
     # step: the code location, and the processor (seconds) that token counting uses.
-    from vlm_assets.definitions import defs
+    with imports_without_gc():
+        from vlm_assets.definitions import defs
 
-    defs.resources["hf_processor"].load()
-    from celery.signals import task_postrun, task_prerun, worker_process_init
-    from dagster_celery.app import app as celery_app
+        defs.resources["hf_processor"].load()
+        from celery.signals import task_postrun, task_prerun, worker_process_init
+        from dagster_celery.app import app as celery_app
 
     celery_app.conf.update(broker_url=broker, result_backend=broker)
     # Next to dagster-celery's step task (runs the daemon launches): whole runs of `vlm-assets run`.
