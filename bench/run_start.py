@@ -14,7 +14,8 @@ rounds alternate the variants so a busy machine slows each alike. It prints:
                      the other in one process (each piece's CPU, and the sum): the worker module
                      (Dagster, the definitions' modules), the Energon loader (torch), the processor
                      classes (torchvision, transformers), the processor, the stored text spec's
-                     tokenizer
+                     tokenizer; under imports_without_gc, as the fork server loads them, vs with
+                     the garbage collector running throughout
   CLI                `vlm-assets run --plan` on the demo, everything built (imports, the instance,
                      the plan): what the CLI process itself costs on top of the fork server
 Nothing here is asserted; CI does not run it.
@@ -48,7 +49,8 @@ print(time.process_time() - started)
 """
 
 PRELOADS = """
-import json, os, time
+import contextlib, json, os, sys, time
+from vlm_assets.parallel import imports_without_gc
 pieces, last = {}, time.process_time()
 
 def done(name):
@@ -57,22 +59,28 @@ def done(name):
     pieces[name] = now - last
     last = now
 
-import vlm_assets.orchestration.task
-done("worker module (Dagster, definitions)")
-import vlm_assets.packing.energon_loader
-done("Energon loader (torch)")
-from vlm_assets.tokens.processor import import_processor_classes, shared_processor
-import_processor_classes()
-done("processor classes (torchvision, transformers)")
-from vlm_assets.config import load_config
-app = load_config(os.environ["VLM_ASSETS_CONFIG"])
-shared_processor(app.model)
-done("processor")
-from vlm_assets.tokens.text import spec_text, stored_text_spec
-spec = stored_text_spec(app.model)
-if spec is not None:
-    spec_text(spec)
-done("text spec tokenizer")
+def load():
+    import vlm_assets.orchestration.task
+    done("worker module (Dagster, definitions)")
+    import vlm_assets.packing.energon_loader
+    done("Energon loader (torch)")
+    from vlm_assets.tokens.processor import import_processor_classes, shared_processor
+    import_processor_classes()
+    done("processor classes (torchvision, transformers)")
+    from vlm_assets.config import load_config
+    app = load_config(os.environ["VLM_ASSETS_CONFIG"])
+    shared_processor(app.model)
+    done("processor")
+    from vlm_assets.tokens.text import spec_text, stored_text_spec
+    spec = stored_text_spec(app.model)
+    if spec is not None:
+        spec_text(spec)
+    done("text spec tokenizer")
+
+
+# The fork server imports its preloads under imports_without_gc; "running": with the collector on throughout.
+with imports_without_gc() if sys.argv[1] == "paused" else contextlib.nullcontext():
+    load()
 print(json.dumps(pieces))
 """
 
@@ -124,13 +132,16 @@ def main() -> None:
     config, env = built_demo()
 
     loads: dict[str, list[float]] = {"added tokens listed (ours)": [], "as save_pretrained writes it": []}
-    pieces: dict[str, list[float]] = {}
+    collector = ("paused", "running")
+    pieces: dict[str, dict[str, list[float]]] = {state: {} for state in collector}
     plans: list[float] = []
     for _ in range(args.repeats):
         for name, directory in (("added tokens listed (ours)", embedded), ("as save_pretrained writes it", as_saved)):
             loads[name].append(float(child_cpu([sys.executable, "-c", LOAD, str(directory)])[1].split()[-1]))
-        for name, seconds in json.loads(child_cpu([sys.executable, "-c", PRELOADS], env)[1].splitlines()[-1]).items():
-            pieces.setdefault(name, []).append(seconds)
+        for state in collector:
+            printed = child_cpu([sys.executable, "-c", PRELOADS, state], env)[1]
+            for name, seconds in json.loads(printed.splitlines()[-1]).items():
+                pieces[state].setdefault(name, []).append(seconds)
         plans.append(child_cpu([str(VLM_ASSETS), "run", "--config", str(config), "--plan"], env)[0])
 
     print(f"CPU-seconds, median of {args.repeats} fresh processes each")
@@ -139,10 +150,12 @@ def main() -> None:
     for name, values in loads.items():
         print(f"  {name:<40} {statistics.median(values):6.2f}")
     print(f"  saved per load                           {baseline - ours:6.2f} ({baseline / ours:.2f}x)")
-    print("\nfork server preloads of `vlm-assets run` (demo config)")
-    for name, values in pieces.items():
-        print(f"  {name:<48} {statistics.median(values):6.2f}")
-    print(f"  {'sum of the medians':<48} {sum(statistics.median(values) for values in pieces.values()):6.2f}")
+    print("\nfork server preloads of `vlm-assets run` (demo config), the garbage collector paused (ours) / running")
+    for name in pieces["paused"]:
+        paused, running = (statistics.median(pieces[state][name]) for state in collector)
+        print(f"  {name:<48} {paused:6.2f} {running:6.2f}")
+    paused, running = (sum(statistics.median(values) for values in pieces[state].values()) for state in collector)
+    print(f"  {'sum of the medians':<48} {paused:6.2f} {running:6.2f} ({running / paused:.2f}x)")
     print(f"\n`vlm-assets run --plan` (the CLI alone, demo built)   {statistics.median(plans):6.2f}")
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vlm_assets.config import ModelConfig
+from vlm_assets.parallel import imports_without_gc
 
 EMBEDDED = "embedded"
 EMBEDDED_VERSION = "qwen2-vl-3"
@@ -183,18 +184,24 @@ _importing = threading.Lock()
 
 def import_processor_classes() -> None:
     """Import what `load_processor` imports before it reads a file (most of a load's time)."""
-    import_transformers()
-    with _importing:
-        from transformers import AutoProcessor  # noqa: F401
+    with imports_without_gc():
+        import_transformers()
+        with _importing:
+            from transformers import AutoProcessor  # noqa: F401
 
 
 def load_processor(model: ModelConfig, cache_dir: Path | None = None) -> Any:
-    """Load the configured processor (offline) with `processor_kwargs` applied."""
-    import_transformers()
-    from transformers import AutoProcessor
+    """Load the configured processor (offline) with `processor_kwargs` applied.
 
-    directory = processor_dir(model, cache_dir)
-    return AutoProcessor.from_pretrained(str(directory), local_files_only=True, **_current_kwargs(model.processor_kwargs))
+    Its libraries and its vocabulary are long-lived objects by the hundred thousand: loaded under
+    `imports_without_gc`, as imports are."""
+    with imports_without_gc():
+        import_transformers()
+        from transformers import AutoProcessor
+
+        directory = processor_dir(model, cache_dir)
+        return AutoProcessor.from_pretrained(str(directory), local_files_only=True,
+                                             **_current_kwargs(model.processor_kwargs))
 
 
 def shared_processor(model: ModelConfig) -> Any:
