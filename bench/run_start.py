@@ -50,7 +50,9 @@ print(time.process_time() - started)
 
 PRELOADS = """
 import contextlib, json, os, sys, time
-from vlm_assets.parallel import imports_without_gc
+import vlm_assets.parallel
+if sys.argv[1] == "running":  # the baseline: no pause anywhere, the package's own ones (processor loads) included
+    vlm_assets.parallel.imports_without_gc = contextlib.nullcontext
 pieces, last = {}, time.process_time()
 
 def done(name):
@@ -78,8 +80,8 @@ def load():
     done("text spec tokenizer")
 
 
-# The fork server imports its preloads under imports_without_gc; "running": with the collector on throughout.
-with imports_without_gc() if sys.argv[1] == "paused" else contextlib.nullcontext():
+# As the fork server imports its preloads ("paused"), or with the collector on throughout ("running").
+with vlm_assets.parallel.imports_without_gc():
     load()
 print(json.dumps(pieces))
 """

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import fcntl
+import gc
 import json
 import os
 import subprocess
@@ -138,3 +139,9 @@ def _module(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {module: number for number, module in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(_module(item), len(rank)))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # What collecting imported (Dagster, the package, the test modules) lives as long as the process:
+    # frozen, the garbage collector's passes no longer walk it.
+    gc.freeze()

@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from vlm_assets.parallel import imports_without_gc
 from vlm_assets.tokens.processor import (
     QWEN2_PATTERN,
     QWEN2_VL_CHAT_TEMPLATE,
@@ -435,7 +436,8 @@ def _build(family: str, target: Path) -> Path:
         return target
     staging = Path(tempfile.mkdtemp(prefix=f".{family}.", dir=target.parent))
     try:
-        build_processor(family).save_pretrained(staging)
+        with imports_without_gc():  # a tokenizer's vocabulary: long-lived objects by the hundred thousand
+            build_processor(family).save_pretrained(staging)
         list_added_tokens_in_tokenizer_config(staging)
         (staging / VERSION_FILE).write_text(BUILD_VERSION)
         if target.exists():  # written by another BUILD_VERSION: move it aside (rename onto an empty dir)
