@@ -14,6 +14,8 @@ echo "== import layers (lint-imports, contracts in .importlinter)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/home"
+# The nine families' offline processors, built by the first session below and loaded by the second.
+export VLM_ASSETS_TEST_FAMILY_CACHE="$work/families"
 .venv/bin/vlm-assets demo "$work/demo" >/dev/null
 
 echo "== dagster definitions validate"

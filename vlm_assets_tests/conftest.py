@@ -99,11 +99,19 @@ def reference_run(demo_config_path: Path, tmp_path_factory: pytest.TempPathFacto
     return ReferenceRun(Path(built["config"]), site / "home", site / "vlm_data", built["outputs"], result)
 
 
+# A folder the offline family processors are kept in across test sessions: scripts/test.sh names one,
+# so the session under the oldest transformers loads the directories the session before it wrote,
+# as a trainer loads a processor directory saved by another transformers release.
+FAMILY_CACHE_ENV_VAR = "VLM_ASSETS_TEST_FAMILY_CACHE"
+
+
 @pytest.fixture(scope="session")
 def family_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the offline processors of the nine families (processor_families.py) are built, once per
-    test session for every module and pytest-xdist worker (the build is process-safe)."""
-    return session_dir(tmp_path_factory) / "families"
+    test session (or once for the sessions sharing $VLM_ASSETS_TEST_FAMILY_CACHE) for every module and
+    pytest-xdist worker (the build is process-safe)."""
+    shared = os.environ.get(FAMILY_CACHE_ENV_VAR)
+    return Path(shared) if shared else session_dir(tmp_path_factory) / "families"
 
 
 @pytest.fixture(scope="session")

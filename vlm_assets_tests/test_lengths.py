@@ -35,7 +35,7 @@ def assert_fast_equals_exact(counter, samples):
     for f, e in zip(fast, exact):
         assert (f.status, f.token_len, f.image_tokens, f.video_tokens) == (e.status, e.token_len, e.image_tokens, e.video_tokens), f.sample_id
     # Chunk processes measure with the text spec alone, without the processor: the same lengths.
-    without_processor = SpecText(text_spec_of(counter.processor))
+    without_processor = spec_text(text_spec_of(counter.processor))
     measured = measure_samples(samples, without_processor, counter.modalities)
     assert [counter.complete(one) for one in measured] == fast
     return fast
@@ -143,6 +143,9 @@ def test_text_spec_is_kept_per_processor_and_refused_when_the_processor_renders_
     processor = load_processor(model, tmp_path)
     spec = text_spec_of(processor)
     assert spec is not None and stored_text_spec(model, tmp_path) is None
+    # Counting then uses the SpecText that proved the spec: its tokenizer is not parsed a second time.
+    proving = spec_text(spec)
+    assert text_spec_of(processor) == spec and spec_text(spec) is not proving
     store_text_spec(model, spec, tmp_path)
     assert stored_text_spec(model, tmp_path) == spec
     # Other kwargs make another processor (fingerprint): its spec is its own.

@@ -124,7 +124,11 @@ _last_spec_text: SpecText | None = None
 
 
 def text_spec_of(processor: Any) -> TextSpec | None:
-    """The processor's text spec, or None when it cannot stand in for the processor exactly."""
+    """The processor's text spec, or None when it cannot stand in for the processor exactly.
+
+    The SpecText that proved the spec is what `spec_text` then returns for it: the spec's tokenizer
+    is parsed once in this process, not once to prove it and again to count with it."""
+    global _last_spec_text
     tokenizer = getattr(processor, "tokenizer", None)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     template = chat_template_of(processor) if tokenizer is not None else ""
@@ -143,6 +147,7 @@ def text_spec_of(processor: Any) -> TextSpec | None:
                 return None
     except Exception:  # a template or tokenizer this path does not handle: keep the processor's own
         return None
+    _last_spec_text = ours
     return spec
 
 
