@@ -511,6 +511,22 @@ def _tokenizer(spec: FamilySpec):
     return tokenizer
 
 
+# Per processor object and frame cache: (the processor, kept so its id is not reused; its proof).
+_proofs: dict[tuple[int, Any], tuple[Any, Any]] = {}
+
+
+def proven_modalities(processor: Any, frame_cache: Any) -> Any:
+    """prove_fast_path(processor, frame_cache), run once per test process: its probes call the
+    processor on images and clips (seconds), and they prove the same for the same processor. Tests
+    of the proof itself call prove_fast_path."""
+    from vlm_assets.tokens.profile import prove_fast_path
+
+    key = (id(processor), frame_cache)
+    if key not in _proofs:
+        _proofs[key] = (processor, prove_fast_path(processor, frame_cache))
+    return _proofs[key][1]
+
+
 def direct_length(processor: Any, sample: Any, frame_cache: Any) -> int:
     """The processor called directly on a `SampleForLength`, as a trainer calls it (docs/formats.md §5):
     the baseline the tests and bench/lengths.py compare the product's counting with."""

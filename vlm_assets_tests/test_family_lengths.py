@@ -29,7 +29,7 @@ from vlm_assets.tokens.profile import ProcessorProfile, check_model_type, model_
 from vlm_assets.tokens.table import sample_kind
 from vlm_assets.tokens.text import control_tokens_of
 from vlm_assets_tests.catalog_support import build_catalog
-from vlm_assets_tests.processor_families import FAMILIES, direct_length, family_processor_dirs
+from vlm_assets_tests.processor_families import FAMILIES, direct_length, family_processor_dirs, proven_modalities
 from vlm_assets_tests.run_support import run
 from vlm_assets_tests.test_frames import make_video
 
@@ -97,7 +97,7 @@ def real_samples(shared_data, tmp_path_factory, clip_spool) -> list[SampleForLen
 
 def counter_for(processor, frame_cache: FrameCacheConfig = CLIPS, reject_control_tokens: bool = True,
                 spool: MosaicSpool | None = None) -> LengthCounter:
-    return LengthCounter(processor, frame_cache, modalities=prove_fast_path(processor, frame_cache),
+    return LengthCounter(processor, frame_cache, modalities=proven_modalities(processor, frame_cache),
                          reject_control_tokens=reject_control_tokens, clip_facts=spool.sampled if spool else None)
 
 
@@ -225,7 +225,7 @@ def test_control_tokens_in_sample_text_are_rejected_or_kept_as_the_processor_cou
 
 
 def test_model_type_must_name_the_loaded_processors_family(processors):
-    profile = ProcessorProfile(prove_fast_path(processors["qwen2_vl"], CLIPS), model_types_of(processors["qwen2_vl"]))
+    profile = ProcessorProfile(proven_modalities(processors["qwen2_vl"], CLIPS), model_types_of(processors["qwen2_vl"]))
     check_model_type(ModelConfig(model_type="qwen2_vl"), profile)
     check_model_type(ModelConfig(), profile)
     with pytest.raises(ConfigError, match=r"model.model_type is 'gemma3' but .* is Qwen2VLProcessor \(model type qwen2_vl\)"):

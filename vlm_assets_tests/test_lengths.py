@@ -8,9 +8,9 @@ import pytest
 from PIL import Image
 
 from vlm_assets_tests.catalog_support import build_catalog
+from vlm_assets_tests.processor_families import proven_modalities
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, measure_samples, oriented_image_size
-from vlm_assets.tokens.profile import prove_fast_path
 from vlm_assets.tokens.processor import embedded_processor_dir, processor_fingerprint
 from vlm_assets.tokens.text import SpecText, spec_text, store_text_spec, stored_text_spec, text_spec_of
 
@@ -24,7 +24,7 @@ def samples_of(frame):
 
 def proven(processor, frame_cache) -> LengthCounter:
     """A counter whose fast path is on where its probes proved it, as `sample_lengths` loads it."""
-    return LengthCounter(processor, frame_cache, modalities=prove_fast_path(processor, frame_cache))
+    return LengthCounter(processor, frame_cache, modalities=proven_modalities(processor, frame_cache))
 
 
 def assert_fast_equals_exact(counter, samples):

@@ -31,11 +31,11 @@ from vlm_assets.tokens.lengths import (
     video_metadata,
 )
 from vlm_assets.tokens.processor import load_processor
-from vlm_assets.tokens.profile import ProcessorProfile, model_types_of, prove_fast_path
+from vlm_assets.tokens.profile import ProcessorProfile, model_types_of
 from vlm_assets.tokens.table import write_length_table
 from vlm_assets.tokens.video_tokens import TIME_SLOT, usable_clip_facts, video_expansion
 from vlm_assets_tests.catalog_support import build_catalog
-from vlm_assets_tests.processor_families import direct_length, family_processor_dirs
+from vlm_assets_tests.processor_families import direct_length, family_processor_dirs, proven_modalities
 
 pytestmark = pytest.mark.families
 
@@ -97,7 +97,7 @@ def held_out_samples(held_out_source, spool) -> list[SampleForLength]:
 
 
 def counter_for(processor, spool: MosaicSpool | None) -> LengthCounter:
-    return LengthCounter(processor, FRAME_CACHE, modalities=prove_fast_path(processor, FRAME_CACHE),
+    return LengthCounter(processor, FRAME_CACHE, modalities=proven_modalities(processor, FRAME_CACHE),
                          clip_facts=spool.sampled if spool else None)
 
 
@@ -152,7 +152,7 @@ def test_each_clips_times_are_written_as_its_processor_prints_them(family, proce
     processor's own replacement for that clip, its video tokens cut to one run per temporal patch: Qwen3-VL's
     mean time of a patch to a tenth of a second, GLM-4.1V's first frame's whole seconds."""
     processor = processors[family]
-    expansion = prove_fast_path(processor, FRAME_CACHE).video_expansion
+    expansion = proven_modalities(processor, FRAME_CACHE).video_expansion
     assert expansion is not None and expansion.needs_clip_facts and TIME_SLOT in expansion.patch_text
     frames = np.zeros((FRAME_CACHE.num_frames, FRAME_CACHE.frame_size, FRAME_CACHE.frame_size, 3), dtype=np.uint8)
     rendered = processor.apply_chat_template([{"role": "user", "content": [{"type": "video"}]}], tokenize=False)
