@@ -11,8 +11,18 @@ bash scripts/setup.sh
 echo "== import layers (lint-imports, contracts in .importlinter)"
 .venv/bin/lint-imports --no-cache
 
+# The tests' temporary folders (their sites, outputs and Dagster instances) go in memory where the
+# machine has a tmpfs with 4 GiB free, unless $TMPDIR already names a place: every Dagster run
+# writes its own sqlite database, committing each event, and on a disk each commit waits for the
+# journal, which no test is about. (The full-disk tests mount small file systems of their own.)
+in_memory=""
+if [ -z "${TMPDIR:-}" ] && [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] && [ -w /dev/shm ] \
+    && [ "$(df -Pk /dev/shm | awk 'NR == 2 {print $4}')" -ge $((4 * 1024 * 1024)) ]; then
+  in_memory="$(mktemp -d /dev/shm/vlm-assets-tests.XXXXXX)"
+  export TMPDIR="$in_memory"
+fi
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work" ${in_memory:+"$in_memory"}' EXIT
 mkdir -p "$work/home"
 # The nine families' offline processors, built by the first session below and loaded by the second.
 export VLM_ASSETS_TEST_FAMILY_CACHE="$work/families"
