@@ -181,15 +181,11 @@ def test_the_celery_executor_without_a_broker_is_a_clear_error(demo_config_path,
 
 
 def test_two_celery_workers_run_every_step_and_write_the_bytes_of_an_in_process_run(
-    demo_config_path, tmp_path, monkeypatch, redis_server, postgres_env
+    demo_config_path, reference_run, tmp_path, monkeypatch, redis_server, postgres_env
 ):
     broker = f"{redis_server}/0"
-    # The reference: an in-process run on its own sqlite instance, alongside everything below.
-    monkeypatch.delenv(POSTGRES_HOST_ENV, raising=False)
-    monkeypatch.delenv(CELERY_BROKER_ENV, raising=False)
-    reference_config = site_config(demo_config_path, tmp_path / "in_process")
-    reference = start_run(reference_config, tmp_path / "in_process" / "home", "--workers", "2")
-
+    # The in-process run to compare with: the session's reference run (conftest.reference_run).
+    assert "0 failed run(s), 0 failed check(s)" in reference_run.result.stdout
     for name, value in {**postgres_env, CELERY_BROKER_ENV: broker}.items():
         monkeypatch.setenv(name, value)
     site = tmp_path / "celery"
@@ -220,9 +216,7 @@ def test_two_celery_workers_run_every_step_and_write_the_bytes_of_an_in_process_
         )
         assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
 
-        reference_output, _ = reference.communicate(timeout=600)
-        assert reference.returncode == 0, reference_output[-4000:]
-        assert differences(snapshot(tmp_path / "in_process" / "vlm_data"), snapshot(site / "vlm_data")) == []
+        assert differences(reference_run.outputs, snapshot(site / "vlm_data")) == []
 
         pools = {f"vlm-assets-{worker.pid}@{socket.gethostname()}": pool_processes(worker.pid) for worker in workers}
         with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -241,9 +235,6 @@ def test_two_celery_workers_run_every_step_and_write_the_bytes_of_an_in_process_
     finally:
         for worker in workers:
             _stop(worker)
-        if reference.poll() is None:
-            os.killpg(reference.pid, signal.SIGKILL)
-            reference.wait()
 
 
 def test_two_workers_measure_chunks_of_one_source_and_a_killed_ones_chunk_goes_to_the_other(
