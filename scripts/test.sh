@@ -19,6 +19,8 @@ in_memory=""
 if [ -z "${TMPDIR:-}" ] && [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] && [ -w /dev/shm ] \
     && [ "$(df -Pk /dev/shm | awk 'NR == 2 {print $4}')" -ge $((4 * 1024 * 1024)) ]; then
   in_memory="$(mktemp -d /dev/shm/vlm-assets-tests.XXXXXX)"
+  # Open to every user, as /tmp is: the outage tests' PostgreSQL clusters run as `postgres`.
+  chmod 1777 "$in_memory"
   export TMPDIR="$in_memory"
 fi
 work="$(mktemp -d)"
