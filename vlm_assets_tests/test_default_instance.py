@@ -15,7 +15,7 @@ import yaml
 
 from vlm_assets.demo import write_demo
 from vlm_assets.orchestration.workers import default_workers
-from vlm_assets_tests.ui_support import Ui, free_port, stop_group, wait_for, wait_for_location
+from vlm_assets_tests.ui_support import Ui, free_port, start_dagster, stop_group, wait_for, wait_for_location
 
 pytestmark = pytest.mark.processes
 
@@ -95,9 +95,8 @@ def test_dagster_dev_from_the_project_directory_uses_the_projects_dagster_yaml(t
     port = free_port()
     log = tmp_path / "dagster-dev.log"
     with open(log, "wb") as log_file:
-        dev = subprocess.Popen([str(VENV_BIN / "dagster"), "dev", "--host", "127.0.0.1", "--port", str(port)],
-                               cwd=project, env=_without_instance_variables(), stdout=log_file,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+        dev = start_dagster([str(VENV_BIN / "dagster"), "dev", "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=project, env=_without_instance_variables(), stdout=log_file, stderr=subprocess.STDOUT)
         try:
             ui = Ui(port)
             wait_for_location(ui, 240, log)

@@ -25,7 +25,7 @@ from vlm_assets_tests.automation_support import (
     drop_video_source,
     write_inbox_config,
 )
-from vlm_assets_tests.ui_support import Ui, free_port, stop_group, wait_for, wait_for_location
+from vlm_assets_tests.ui_support import Ui, free_port, start_dagster, stop_group, wait_for, wait_for_location
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes]
 
@@ -130,9 +130,9 @@ def test_dagster_dev_sensor_runs_checks_and_asset_graph(tmp_path, demo_config_pa
     log = ARTIFACTS / "dagster-dev.log"
     ui = Ui(port)
     with open(log, "wb") as log_file:
-        dev = subprocess.Popen(
+        dev = start_dagster(
             [str(DAGSTER), "dev", *location, "--host", "127.0.0.1", "--port", str(port), "--live-data-poll-rate", "5000"],
-            cwd=tmp_path, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=tmp_path, env=env, stdout=log_file, stderr=subprocess.STDOUT,
         )
         try:
             entry = wait_for_location(ui, STARTUP_TIMEOUT_S, log)

@@ -27,7 +27,7 @@ from vlm_assets.locks import file_lock
 from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, ensure_dagster_home
 from vlm_assets_tests.automation_support import drop_flat_source, tick
 from vlm_assets_tests.run_support import run, site_config, start_run, wait_for_started_run
-from vlm_assets_tests.ui_support import Ui, free_port, stop_group, wait_for_location
+from vlm_assets_tests.ui_support import Ui, free_port, start_dagster, stop_group, wait_for_location
 
 pytestmark = pytest.mark.processes
 
@@ -142,9 +142,9 @@ def test_run_and_the_ui_agree_on_what_needs_building(tmp_path, monkeypatch):
     log = tmp_path / "webserver.log"
     env = {**os.environ, "DAGSTER_HOME": str(home), "VLM_ASSETS_CONFIG": str(config)}
     with open(log, "wb") as log_file:
-        server = subprocess.Popen(
+        server = start_dagster(
             [str(WEBSERVER), "-m", "vlm_assets.definitions", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=tmp_path, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=tmp_path, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         try:
             ui = Ui(port)
             wait_for_location(ui, STARTUP_TIMEOUT_S, log)

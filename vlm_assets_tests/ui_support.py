@@ -54,6 +54,19 @@ def wait_for(what: str, timeout_s: float, probe, log: Path, interval_s: float = 
     pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; last state: {last}\n--- server log tail ---\n{tail}")
 
 
+def start_dagster(args: list[str], **popen_kwargs) -> subprocess.Popen:
+    """A Dagster command (`dagster dev`, `dagster-webserver`) in a session of its own, taking SIGINT
+    as a terminal gives it even where this process ignores SIGINT (a pytest-xdist worker of a
+    session started as a shell's background job does): Dagster answers SIGTERM as it answers
+    SIGINT, so an inherited "ignore" would leave stop_group's SIGTERM unanswered until its wait
+    runs out. A handler set here is reset to the default in the child by exec."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(args, start_new_session=True, **popen_kwargs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def stop_group(process: subprocess.Popen, timeout_s: float) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
