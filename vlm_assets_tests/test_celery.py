@@ -181,7 +181,7 @@ def test_the_celery_executor_without_a_broker_is_a_clear_error(demo_config_path,
 
 
 def test_two_celery_workers_run_every_step_and_write_the_bytes_of_an_in_process_run(
-    demo_config_path, reference_run, tmp_path, monkeypatch, redis_server, postgres_env
+    reference_run, tmp_path, monkeypatch, redis_server, postgres_env
 ):
     broker = f"{redis_server}/0"
     # The in-process run to compare with: the session's reference run (conftest.reference_run).
@@ -189,7 +189,9 @@ def test_two_celery_workers_run_every_step_and_write_the_bytes_of_an_in_process_
     for name, value in {**postgres_env, CELERY_BROKER_ENV: broker}.items():
         monkeypatch.setenv(name, value)
     site = tmp_path / "celery"
-    config = site_config(demo_config_path, site)
+    # The reference run's inputs: catalogues record where each sample's media is, and another pytest-xdist
+    # worker may have built the reference from a demo dataset of its own.
+    config = site_config(reference_run.config, site)
     home = site / "home"
     workers: list[subprocess.Popen] = []
     try:

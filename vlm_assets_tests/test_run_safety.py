@@ -41,7 +41,9 @@ WORKERS = ("--workers", "2")
 
 @pytest.fixture(scope="module")
 def reference(reference_run):
-    """One clean run: its config and the bytes of every output."""
+    """One clean run: its config and the bytes of every output. A run compared with it reads the inputs
+    its config names (`site_config(reference_config, …)`): catalogues record where each sample's media is,
+    and another pytest-xdist worker may have built the reference from a demo dataset of its own."""
     assert "0 failed run(s), 0 failed check(s)" in reference_run.result.stdout
     with dg.DagsterInstance.from_config(str(reference_run.home)) as instance:
         spans = sorted((record.start_time, record.end_time) for record in instance.get_run_records())
@@ -50,9 +52,9 @@ def reference(reference_run):
 
 
 def test_clean_runs_elsewhere_give_the_same_bytes_side_by_side_and_an_unchanged_rerun_does_nothing(
-        reference, demo_config_path, tmp_path):
-    _, expected, first = reference
-    config = site_config(demo_config_path, tmp_path)
+        reference, tmp_path):
+    reference_config, expected, first = reference
+    config = site_config(reference_config, tmp_path)
     home = tmp_path / "home"
     # Two runs on one storage root at once, each on its own instance (the same file locks order them
     # as on one instance, test_concurrent_runs_on_one_instance…), one worker each.
@@ -76,7 +78,7 @@ def test_clean_runs_elsewhere_give_the_same_bytes_side_by_side_and_an_unchanged_
     assert rewritten == []
 
     # A changed section rebuilds exactly what reads it: wds.maxcount → shards, their Energon metadata, the mix, package.
-    changed = site_config(demo_config_path, tmp_path, wds={"maxcount": 2})
+    changed = site_config(reference_config, tmp_path, wds={"maxcount": 2})
     rebuilt = run(changed, home, *WORKERS)
     assert rebuilt.returncode == 0, rebuilt.stdout[-3000:]
     launched = sorted(line.split(" ", 1)[1] for line in rebuilt.stdout.splitlines() if line.startswith("▶ "))
@@ -103,10 +105,10 @@ SOURCE_LINEAGE_OUTPUTS = ("catalog/demo_images.", "lengths/demo_images.", "packi
     ],
 )
 def test_kill_9_in_a_step_then_a_rerun_on_the_same_instance_completes(
-    reference, demo_config_path, tmp_path, asset, partition, prepare, lock, swept_by, target, outputs
+    reference, tmp_path, asset, partition, prepare, lock, swept_by, target, outputs
 ):
-    _, reference_outputs, _ = reference
-    config = site_config(demo_config_path, tmp_path)
+    reference_config, reference_outputs, _ = reference
+    config = site_config(reference_config, tmp_path)
     home = tmp_path / "home"
     single_slot_instance(home)
     assert run(config, home, *WORKERS, "--select", prepare).returncode == 0
@@ -308,9 +310,9 @@ def test_an_output_deleted_or_cut_short_on_disk_is_rebuilt_with_what_energon_nee
     assert "0 of" in shown, [line for line in shown.splitlines() if "up to date" not in line]
 
 
-def test_concurrent_runs_on_one_instance_never_fail_and_write_the_same_bytes(reference, demo_config_path, tmp_path):
-    _, expected, _ = reference
-    config = site_config(demo_config_path, tmp_path)
+def test_concurrent_runs_on_one_instance_never_fail_and_write_the_same_bytes(reference, tmp_path):
+    reference_config, expected, _ = reference
+    config = site_config(reference_config, tmp_path)
     home = tmp_path / "home"
     # Both build the whole graph, then both force a rebuild of one source's lineage over the outputs there.
     forced = ("--force", "--select", "energon_dataset[demo_video]")
