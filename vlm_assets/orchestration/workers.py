@@ -131,9 +131,10 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
         return super().submit(fn, *args, **kwargs)
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
-        if exc is None and not self._given_work:
-            # Nothing to run (all up to date): the workers are not waited for, nor the fork server
-            # still loading what they would have run (a processor: seconds).
+        if not self._given_work:
+            # Nothing was run: all up to date, or the run stopped before its first step (an unknown
+            # partition, no Celery worker answering, Ctrl-C). Neither the workers nor the fork server
+            # still loading what they would have run (a processor: seconds) are waited for.
             for pid in _fork_servers_of(os.getpid()):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
