@@ -11,10 +11,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   # pip compiles every module it installs in one process; compileall below does it on every core.
   .venv/bin/python -m pip install --quiet --no-compile -e ".[test]"
-  # Bytecode for what the environment imports (test suites shipped inside packages never are). A
-  # module written for a newer Python (torch ships some) does not compile; pip's own pass skips it too.
-  site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  .venv/bin/python -m compileall -q -j 0 -x '/tests?/' "$site" >/dev/null || true
+  # Where Python is told not to write bytecode (PYTHONDONTWRITEBYTECODE, common in containers), every
+  # process would compile what it imports again: compile the environment once here instead (test
+  # suites shipped inside packages never are imported). A module written for a newer Python (torch
+  # ships some) does not compile; pip's own pass skips it too. Elsewhere each module's first import
+  # writes its bytecode.
+  if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
+    site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    .venv/bin/python -m compileall -q -j 0 -x '/tests?/' "$site" >/dev/null || true
+  fi
   touch "$stamp"
 fi
 # The package's bytecode, as an installed wheel has it: every process a run starts (workers, step

@@ -6,6 +6,10 @@
 # token-length tests under the oldest transformers release supported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The test processes write the bytecode of what they import, even where Python is told not to
+# (PYTHONDONTWRITEBYTECODE): the first process to import a module compiles it once, for all the
+# others, and the environment is not compiled in full up front (scripts/setup.sh).
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh
 
 echo "== import layers (lint-imports, contracts in .importlinter)"

@@ -25,8 +25,10 @@ if [ "$("$layer/bin/python" -c 'import transformers; print(transformers.__versio
   # pip sees .venv's packages through the .pth file and adds only what this release needs otherwise
   # (it reports vlm-assets' own pin as a conflict, which is the point here).
   "$layer/bin/python" -m pip install --quiet --no-compile "transformers==$oldest" 2>&1 | grep -v "dependency resolver\|requires transformers" || true
-  # Its bytecode on every core, as scripts/setup.sh does for .venv.
-  "$layer/bin/python" -m compileall -q -j 0 -x '/tests?/' "$own" >/dev/null || true
+  # Its bytecode on every core where Python will not write it, as scripts/setup.sh does for .venv.
+  if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
+    "$layer/bin/python" -m compileall -q -j 0 -x '/tests?/' "$own" >/dev/null || true
+  fi
 fi
 
 echo "== token-length tests under transformers $oldest"
