@@ -461,6 +461,10 @@ try:
 except ValueError as error:
     print(f"raised: {error}")
 print(f"seconds: {time.monotonic() - started:.1f}")
+# The pool's own thread may still be reaping the killed process, which multiprocessing lists until then.
+deadline = time.monotonic() + 5
+while multiprocessing.active_children() and time.monotonic() < deadline:
+    time.sleep(0.1)
 print(f"children left: {len(multiprocessing.active_children())}")
 """
 
