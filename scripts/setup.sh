@@ -8,9 +8,20 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.vlm-assets-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  # pip compiles every module it installs in one process; compileall below does it on every core.
-  .venv/bin/python -m pip install --quiet --no-compile -e ".[test]"
+  # uv installs what pip would, unpacking on every core where pip uses one (about 17 s here where pip
+  # takes 57); it is fetched into a folder of its own, not the project's environment. Where it cannot
+  # be had or fails, pip installs.
+  tools="$(mktemp -d)"
+  if .venv/bin/python -m pip install --quiet --target "$tools" uv >/dev/null 2>&1 \
+      && .venv/bin/python scripts/uv_pip_install.py "$tools/bin/uv" .venv/bin/python --quiet -e ".[test]"; then
+    :
+  else
+    echo "installing with pip instead of uv"
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    # Without bytecode: where it is wanted up front, compileall below writes it on every core.
+    .venv/bin/python -m pip install --quiet --no-compile -e ".[test]"
+  fi
+  rm -rf "$tools"
   # Where Python is told not to write bytecode (PYTHONDONTWRITEBYTECODE, common in containers), every
   # process would compile what it imports again: compile the environment once here instead (test
   # suites shipped inside packages never are imported). A module written for a newer Python (torch
