@@ -8,9 +8,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.vlm-assets-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  # uv installs what pip would, unpacking on every core where pip uses one (about 17 s here where pip
-  # takes 57); it is fetched into a folder of its own, not the project's environment. Where it cannot
-  # be had or fails, pip installs.
+  # uv installs what pip would, given pip's settings (scripts/uv_pip_install.py), unpacking on every
+  # core where pip uses one; it is fetched into a folder of its own, not the project's environment.
+  # Where it cannot be had or fails, pip installs.
   tools="$(mktemp -d)"
   if .venv/bin/python -m pip install --quiet --target "$tools" uv >/dev/null 2>&1 \
       && .venv/bin/python scripts/uv_pip_install.py "$tools/bin/uv" .venv/bin/python --quiet -e ".[test]"; then
