@@ -10,14 +10,14 @@ rounds alternate the variants so a busy machine slows each alike. It prints:
                      classes are imported: as vlm-assets writes it (the added tokens listed in
                      tokenizer_config.json) vs a copy without them (transformers 5's save_pretrained
                      leaves them out, and each load then parses the 18 MB tokenizer.json once more)
-  fork server        the preloads of the process the workers of `run` are forked from, one after
-                     the other in one process (each piece's CPU, and the sum): the worker module
-                     (Dagster, the definitions' modules), the Energon loader (torch), the processor
-                     classes (torchvision, transformers), the processor, the stored text spec's
-                     tokenizer; under imports_without_gc, as the fork server loads them, vs with
-                     the garbage collector running throughout
+  preloads           what `run` loads before it forks its workers, one piece after the other in
+                     one process (each piece's CPU, and the sum): the worker module (Dagster, the
+                     definitions' modules), the Energon loader (torch), the processor classes
+                     (torchvision, transformers), the processor, the stored text spec's tokenizer;
+                     under imports_without_gc, as `run` loads them, vs with the garbage collector
+                     running throughout
   CLI                `vlm-assets run --plan` on the demo, everything built (imports, the instance,
-                     the plan): what the CLI process itself costs on top of the fork server
+                     the plan): what the CLI process costs when it has nothing to build
 Nothing here is asserted; CI does not run it.
 """
 
@@ -80,7 +80,7 @@ def load():
     done("text spec tokenizer")
 
 
-# As the fork server imports its preloads ("paused"), or with the collector on throughout ("running").
+# As `run` loads them before forking its workers ("paused"), or with the collector on throughout ("running").
 with vlm_assets.parallel.imports_without_gc():
     load()
 print(json.dumps(pieces))
@@ -152,7 +152,7 @@ def main() -> None:
     for name, values in loads.items():
         print(f"  {name:<40} {statistics.median(values):6.2f}")
     print(f"  saved per load                           {baseline - ours:6.2f} ({baseline / ours:.2f}x)")
-    print("\nfork server preloads of `vlm-assets run` (demo config), the garbage collector paused (ours) / running")
+    print("\nwhat `vlm-assets run` loads before forking its workers (demo config), the garbage collector paused (ours) / running")
     for name in pieces["paused"]:
         paused, running = (statistics.median(pieces[state][name]) for state in collector)
         print(f"  {name:<48} {paused:6.2f} {running:6.2f}")

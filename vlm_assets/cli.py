@@ -62,7 +62,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     progress_dir = home / "logs" / f"progress-{os.getpid()}"
     progress_dir.mkdir(parents=True, exist_ok=True)
     os.environ[PROGRESS_DIR_ENV_VAR] = str(progress_dir)
-    # Before this process imports Dagster: the workers' own loads then overlap it.
+    # Forked from this process at the first run, once it has imported what they run (orchestration.workers).
     in_worker_processes = args.executor != "celery"
     with start_workers(str(app.path), workers, import_energon=in_worker_processes and runs_energon(select),
                        load_processor=in_worker_processes and may_measure_lengths(select, app, args.force)) as pool, \

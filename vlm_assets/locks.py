@@ -42,6 +42,20 @@ _held: dict[Path, _Held] = {}
 _held_guard = threading.RLock()
 
 
+def _hold_nothing_after_fork() -> None:
+    """A forked child holds none of its parent's locks (fcntl locks belong to a process) and is not
+    its parent: it starts with no lock and no liveness token of its own (process_token)."""
+    global _held_guard
+    for held in _held.values():
+        os.close(held.fd)
+    _held.clear()
+    _tokens.clear()
+    _held_guard = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_hold_nothing_after_fork)
+
+
 def lock_path(root: Path, name: str) -> Path:
     return Path(root) / LOCK_DIR / f"{name.replace('/', '__')}.lock"
 

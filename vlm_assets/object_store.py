@@ -92,6 +92,16 @@ class ObjectInfo:
 
 
 _local = threading.local()
+
+
+def _connect_anew_after_fork() -> None:
+    """A forked child opens its own connections: sharing its parent's would mix their requests and answers."""
+    global _local
+    _local = threading.local()
+    _recent_heads.clear()
+
+
+os.register_at_fork(after_in_child=_connect_anew_after_fork)
 # A store that stops answering (frozen, or gone with its connections left open) fails a request after
 # at most STORE_ATTEMPTS × (connect + read timeout) and the back-off between. A store slow to answer
 # large reads may be given longer through the environment, as the rest of the store's settings are.

@@ -217,7 +217,7 @@ def test_the_clis_workers_and_their_helpers_go_with_it(demo_config_path, tmp_pat
         process = start_run(config, home, *WORKERS, "--select", "sample_catalog")
         wait_for_started_run(home, "sample_catalog", "demo_video")
         family = _descendants(process.pid)
-        assert len(family) >= 4, family  # the fork server, the resource tracker, two workers
+        assert len(family) >= 2, family  # two workers, and their steps' helpers
         if how == "Ctrl-C twice":
             process.send_signal(signal.SIGINT)
             time.sleep(0.5)

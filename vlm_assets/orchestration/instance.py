@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 # Most of the second an open takes is importing the SQL libraries Dagster's storage is built on:
-# imported with this module, so the fork server of `vlm-assets run` imports them once for all its
-# workers, and processes opening an instance at once queue under its lock only for the rest.
+# imported with this module, so processes opening an instance at once queue under its lock only
+# for the rest.
 import alembic.command  # noqa: F401
 import dagster as dg
 import sqlalchemy.orm  # noqa: F401

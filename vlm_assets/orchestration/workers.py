@@ -1,9 +1,17 @@
-"""The worker processes of `vlm-assets run`, started before the CLI itself imports Dagster.
+"""The worker processes of `vlm-assets run`, forked from the CLI process itself at its first run.
 
-Each worker loads the code location and opens the instance. Started first, they do it while the
-CLI loads its own copy, on the cores the CLI would otherwise leave idle, so this module imports
-nothing heavy. They are forked from one server process that imported the code (seconds) for all
-of them.
+By then the CLI has imported what the workers run (Dagster, the definitions' modules, the storage
+libraries an instance opens with), and it imports the rest just before forking: Megatron-Energon
+when the run builds Energon datasets or the training mix, and the model's processor when it may
+measure token lengths. Each worker starts with all of that in memory, loaded once for all of them.
+A run with nothing to build (everything up to date, an unknown partition, Ctrl-C before the first
+step) forks none and loads none of it.
+
+The fork comes from the CLI's main thread, between its steps, with no other thread of the CLI's
+running: the workers copy no lock held mid-work. What a process holds that a forked child must
+not share (its liveness token and file locks, object-store connections) each module drops in the
+child itself (`os.register_at_fork`). A caller running other threads gets workers started afresh
+instead (each imports what it runs).
 
 What the workers print goes to a log file (orchestration.worker_output), not the terminal.
 """
@@ -11,32 +19,26 @@ What the workers print goes to a log file (orchestration.worker_output), not the
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
+import importlib
 import multiprocessing
-import multiprocessing.forkserver
 import os
 import select
 import signal
+import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from vlm_assets.config import CONFIG_ENV_VAR
 from vlm_assets.orchestration.outage import is_outage
 from vlm_assets.orchestration.worker_output import send_output_to, workers_log_path
-from vlm_assets.parallel import skip_teardown_at_exit
+from vlm_assets.parallel import imports_without_gc, skip_teardown_at_exit
 
 CLI_WATCH_S = 1.0
-# The one module the fork server imports itself: it imports those named in PRELOAD_ENV_VAR.
-FORK_SERVER_MODULE = "vlm_assets.orchestration.fork_server"
-PRELOAD_ENV_VAR = "VLM_ASSETS_FORK_SERVER_PRELOAD"
-# What a worker runs (orchestration.task), imported by the process the workers are forked from; and
-# there too, when the run needs them: Megatron-Energon (with torch), and the model's processor with
-# what measuring token lengths reads.
+# What a worker runs (orchestration.task), imported before the workers are forked; and then too,
+# when the run needs it, Megatron-Energon (with torch).
 WORKER_MODULE = "vlm_assets.orchestration.task"
 ENERGON_MODULE = "vlm_assets.packing.energon_loader"
-PROCESSOR_MODULE = "vlm_assets.tokens.preload"
 
 
 def default_workers() -> int:
@@ -47,6 +49,9 @@ def _worker_init(config_path: str, log_path: str, cli_pid: int) -> None:
     # Its own session: a Ctrl-C in the terminal reaches only the CLI, which then launches nothing
     # more and lets the steps in flight finish.
     os.setsid()
+    # The CLI's own handlers (stop after the steps in flight) are not the worker's.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     send_output_to(log_path)
     os.environ[CONFIG_ENV_VAR] = config_path
     threading.Thread(target=_die_with, args=(cli_pid,), daemon=True, name="watch-cli").start()
@@ -56,11 +61,8 @@ def _worker_init(config_path: str, log_path: str, cli_pid: int) -> None:
 def _die_with(cli_pid: int) -> None:
     """Kill this worker's session once the CLI process is gone, however it went (kill -9 included).
 
-    The CLI itself is watched, not the fork server the worker came from: every forked worker holds
-    the pipe end whose closing tells the fork server that the CLI is gone, so the fork server
-    outlives the CLI as long as a worker does. The whole session goes: a step's helpers (Dagster's
-    compute-log `tail -F`) would otherwise outlive it and hold the CLI's stdout open. Their runs are
-    failed by the next sweep.
+    The whole session goes: a step's helpers (Dagster's compute-log `tail -F`) would otherwise
+    outlive it and hold the CLI's stdout open. Their runs are failed by the next sweep.
     """
     try:
         cli = os.pidfd_open(cli_pid)  # refers to that process, never to a later one given its pid
@@ -88,64 +90,69 @@ def _load_code_location(config_path: str) -> None:
     worker_state(config_path)
 
 
-class WorkerPool(concurrent.futures.ProcessPoolExecutor):
-    """The workers of one `vlm-assets run`. Left because the instance became unreachable, it kills
-    them with their runs rather than wait: those runs can no longer record their end (the next run
-    fails them as dead), and a long step would keep the CLI waiting without a word."""
+class WorkerPool:
+    """The workers of one `vlm-assets run`, forked at the first `submit` (see the module's doc). Left
+    because the instance became unreachable, it kills them with their runs rather than wait: those
+    runs can no longer record their end (the next run fails them as dead), and a long step would
+    keep the CLI waiting without a word."""
 
-    log_path: Path  # where the workers' output goes
-    _started: list[multiprocessing.process.BaseProcess]
-    _starting: threading.Thread | None = None
-    _given_work = False  # a task other than the workers' own start was submitted
-
-    def start(self, config_path: str, count: int) -> None:
-        """Start `count` workers, each loading the code location, in the background: a start waits
-        for the fork server to have imported what the workers run (a second or more), which the
-        CLI's own imports then overlap."""
-        self._started = []
-
-        def start_all() -> None:
-            others = set(multiprocessing.active_children())
-            try:
-                for _ in range(count):
-                    # A failed load is not reported here: the first run in that process fails with the error.
-                    self.submit(_load_code_location, config_path)
-            except Exception:  # a broken pool: the CLI's first submit raises why
-                pass
-            # Each submit above starts one worker, until there are `count` of them.
-            self._started = [child for child in multiprocessing.active_children() if child not in others]
-
-        self._starting = threading.Thread(target=start_all, name="start-workers", daemon=True)
-        self._starting.start()
-
-    @property
-    def workers(self) -> list[multiprocessing.process.BaseProcess]:
-        """The worker processes, once started."""
-        if self._starting is not None:
-            self._starting.join()
-        return self._started
+    def __init__(self, config_path: str, count: int, log_path: Path, import_energon: bool, load_processor: bool) -> None:
+        self.config_path, self.count = config_path, count
+        self.modules = [WORKER_MODULE, *([ENERGON_MODULE] if import_energon else [])]
+        self.load_processor = load_processor
+        self.log_path = log_path  # where the workers' output goes
+        self.workers: list[multiprocessing.process.BaseProcess] = []  # once forked
+        self._executor: concurrent.futures.ProcessPoolExecutor | None = None
 
     def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
-        if fn is not _load_code_location:
-            self._given_work = True
-        return super().submit(fn, *args, **kwargs)
+        if self._executor is None:
+            self._executor = self._start()
+        return self._executor.submit(fn, *args, **kwargs)
+
+    def _start(self) -> concurrent.futures.ProcessPoolExecutor:
+        alone = threading.active_count() == 1
+        if alone:
+            self._load()
+            sys.stdout.flush()  # else each worker would print what this process had not yet
+            sys.stderr.flush()
+        others = set(multiprocessing.active_children())
+        executor = concurrent.futures.ProcessPoolExecutor(
+            max_workers=self.count, mp_context=multiprocessing.get_context("fork" if alone else "spawn"),
+            initializer=_worker_init, initargs=(self.config_path, str(self.log_path), os.getpid()))
+        # The first submit forks every worker, before the executor starts its own thread; each then
+        # opens the instance while this process goes on.
+        for _ in range(self.count):
+            executor.submit(_load_code_location, self.config_path)
+        self.workers = [child for child in multiprocessing.active_children() if child not in others]
+        return executor
+
+    def _load(self) -> None:
+        """Import and load what the workers will run, for all of them. What fails here is left to the
+        worker that needs it: it loads it again, and its run fails saying why."""
+        with imports_without_gc():
+            for name in self.modules:
+                try:
+                    importlib.import_module(name)
+                except ImportError:
+                    pass
+            if self.load_processor:
+                from vlm_assets.tokens.preload import load_for_measuring
+
+                try:
+                    load_for_measuring(self.config_path)
+                except Exception:  # any load error: the step that needs the processor reports it
+                    pass
+
+    def __enter__(self) -> WorkerPool:
+        return self
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
-        if not self._given_work:
-            # Nothing was run: all up to date, or the run stopped before its first step (an unknown
-            # partition, no Celery worker answering, Ctrl-C). Neither the workers nor the fork server
-            # still loading what they would have run (a processor: seconds) are waited for.
-            for pid in _fork_servers_of(os.getpid()):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            self.stop_workers()
-            return False
-        if self._starting is not None:
-            self._starting.join()
-        if exc is not None and is_outage(exc):
-            self.stop_workers()
-            return False
-        return super().__exit__(exc_type, exc, traceback)
+        if self._executor is not None:
+            if exc is not None and is_outage(exc):
+                self.stop_workers()
+            else:
+                self._executor.shutdown(wait=True)
+        return False
 
     def stop_workers(self) -> None:
         """Kill the workers and what they run now, and shut the pool down."""
@@ -155,39 +162,13 @@ class WorkerPool(concurrent.futures.ProcessPoolExecutor):
                 os.killpg(worker.pid, signal.SIGKILL)
             except ProcessLookupError:  # not yet in a session of its own
                 worker.kill()
-        self.shutdown(wait=True, cancel_futures=True)
-
-
-@contextlib.contextmanager
-def _environment(settings: dict[str, str]) -> Iterator[None]:
-    before = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
-
-
-def _fork_servers_of(pid: int) -> list[int]:
-    """The fork server processes `pid` started, read from /proc (none found where there is none)."""
-    servers = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if parent == pid and b"multiprocessing.forkserver" in (stat.parent / "cmdline").read_bytes():
-                servers.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):  # gone meanwhile
-            continue
-    return servers
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 def start_workers(config_path: str, workers: int, import_energon: bool = False, load_processor: bool = False) -> WorkerPool:
-    """`workers` worker processes for `run_graph`, started in the background (WorkerPool.start), each
-    then loading the code location; their output goes to a new file under $DAGSTER_HOME/logs
+    """`workers` worker processes for `run_graph`, forked at its first run (WorkerPool), each then
+    loading the code location; their output goes to a new file under $DAGSTER_HOME/logs
     (`pool.log_path`). `import_energon`, `load_processor`: the runs will run Megatron-Energon, load
     the model's processor, in them.
 
@@ -197,20 +178,4 @@ def start_workers(config_path: str, workers: int, import_energon: bool = False, 
     # Here, not in the workers: a home we cannot write to is one error in the CLI, not a broken pool.
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.touch()
-    # The workers are forked from a server process that imported what they run (Dagster, the
-    # definitions' modules: seconds of a core) once, rather than each importing it; the server
-    # holds no thread a fork could copy mid-state, as the CLI may.
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([FORK_SERVER_MODULE])
-    preload = [WORKER_MODULE, *([ENERGON_MODULE] if import_energon else []), *([PROCESSOR_MODULE] if load_processor else [])]
-    # Started here, with what it imports and the config in its environment (PROCESSOR_MODULE loads
-    # that config's processor), and those settings taken back from this process's own.
-    with _environment({PRELOAD_ENV_VAR: ",".join(preload), CONFIG_ENV_VAR: config_path}):
-        multiprocessing.forkserver.ensure_running()
-    pool = WorkerPool(
-        max_workers=max(1, workers), mp_context=context, initializer=_worker_init,
-        initargs=(config_path, str(log_path), os.getpid()),
-    )
-    pool.log_path = log_path
-    pool.start(config_path, max(1, workers))
-    return pool
+    return WorkerPool(config_path, max(1, workers), log_path, import_energon, load_processor)
