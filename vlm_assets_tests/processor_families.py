@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -551,3 +552,9 @@ def direct_length(processor: Any, sample: Any, frame_cache: Any) -> int:
     encoded = processor(text=[text], images=[images] if images else None, videos=videos or None,
                         return_tensors="pt", **video_kwargs)
     return len(encoded["input_ids"][0])
+
+
+if __name__ == "__main__":
+    # `python -m vlm_assets_tests.processor_families DIR`: build every family's directory in DIR (what
+    # scripts/test.sh does before the sessions that load them).
+    family_processor_dirs(FAMILIES, Path(sys.argv[1]))
