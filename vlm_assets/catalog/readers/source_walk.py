@@ -72,7 +72,12 @@ class SourceWalk:
                 continue
             path = folder / entry.name
             link = _is_link(entry)
-            if _is_dir(entry):
+            if not _is_utf8(entry.name) and (_is_dir(entry) or self.wanted(entry.name)):
+                # Ids, origins and reasons are UTF-8 text: the entry is named with its bytes escaped.
+                spelt = folder / _escaped(entry.name)
+                self._refuse(spelt, real / _escaped(entry.name),
+                             f"{spelt}: its name is not UTF-8 (its bytes escaped here): rename it to read its samples")
+            elif _is_dir(entry):
                 if link:
                     links.append(path)
                 elif real / entry.name in self._visited:  # below a followed link, already read at another path
@@ -109,6 +114,19 @@ class SourceWalk:
             else:
                 result.append(entry)
         return result
+
+
+def _is_utf8(name: str) -> bool:
+    """Whether a name as os.scandir decodes it was valid UTF-8 (undecodable bytes become lone surrogates)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _escaped(name: str) -> str:
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
