@@ -172,7 +172,8 @@ class Fingerprints:
         return self._of("video_frame_plan", None, catalogues, known)
 
     def _frame_cache_shard(self, shard: str | None) -> str:
-        """A shard's bytes follow from its members in the plan on disk (what its step reads) and the settings."""
+        """A shard's bytes follow from its members in the plan on disk (what its step reads), their
+        files as they are now, and the settings (plan_digest)."""
         members = self._plan_shards().get(shard or "", [])
         return self._of("frame_cache_shard", shard, plan_digest(members, self.app.frame_cache))
 

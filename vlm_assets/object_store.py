@@ -398,15 +398,17 @@ def resolved(location: Location) -> Location:
 
 
 def location_stamp(location: Location) -> str:
-    """What a write to the file or object changes: its size and modification time (of an object,
-    its size and ETag). FileNotFoundError when there is none."""
+    """What a write to the file or object changes: its size, modification and change times (of an
+    object, its size and ETag). The change time catches what the others miss: a file restored with
+    its old modification time (`cp -p`, `touch -r`) or its permissions changed. FileNotFoundError
+    when there is none."""
     if isinstance(location, ObjectURL):
         info = head(location)
         if info is None:
             raise FileNotFoundError(f"{location} does not exist")
         return f"{info.size}:{info.etag}"
     stat = os.stat(location)
-    return f"{stat.st_size}:{stat.st_mtime_ns}"
+    return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}"
 
 
 def location_size(location: Location) -> int:

@@ -49,7 +49,7 @@ def pack_frames(catalog: pd.DataFrame, lengths: pd.DataFrame, out: Path, sample_
     # What a record is made of, when the test leaves it out: no text, no media.
     catalog = catalog.assign(**{column: [default] * len(catalog) for column, default in
                                 (("messages", "[]"), ("media_files", []), ("media_kinds", []), ("media_refs", []),
-                                 ("media_keys", [])) if column not in catalog})
+                                 ("media_keys", []), ("media_stamps", [])) if column not in catalog})
     write_parquet(catalog, out / "catalog.parquet")
     write_parquet(lengths, out / "lengths.parquet")
     return pack_files(out / "catalog.parquet", out / "lengths.parquet", out, sample_type, max_token_len, append)
@@ -73,7 +73,7 @@ def write_source_shards(jsonl_path: Path, catalog_path: Path, directory: Path, m
                         **options) -> list[ShardInfo]:
     """The shards of a `packed_json` file as packed_wds_shards writes them, media refs looked up in the
     catalogue at `catalog_path`; `options` go to write_shards_from_jsonl."""
-    with SampleLookup(catalog_path, ["media_refs"], near=jsonl_path) as samples:
+    with SampleLookup(catalog_path, ["media_refs", "media_stamps"], near=jsonl_path) as samples:
         return write_shards_from_jsonl(jsonl_path, samples, directory, maxcount, maxsize, **options)
 
 

@@ -202,7 +202,7 @@ def _written(site: Path, config: dict[str, Any]) -> Path:
     return path
 
 
-def test_a_source_walk_digests_every_file_once_by_path_name_size_and_mtime(tmp_path):
+def test_a_source_walk_digests_every_file_once_by_path_name_size_mtime_and_ctime(tmp_path):
     """The digest is the one of the sorted listing as JSON, spelled out in full (an upgrade must not
     make every source look changed), for names JSON must escape and for a manifest its media root holds."""
     from stat import S_ISREG
@@ -220,7 +220,8 @@ def test_a_source_walk_digests_every_file_once_by_path_name_size_and_mtime(tmp_p
     (media / "nested" / "link.png").symlink_to(media / "a.jpg")
     source = SourceConfig("s", "jsonl", media / "train.jsonl", media)  # the manifest is walked from both roots
 
-    listed = sorted((str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in media.rglob("*")
+    listed = sorted((str(path), path.stat().st_size, path.stat().st_mtime_ns, path.stat().st_ctime_ns)
+                    for path in media.rglob("*")
                     if S_ISREG(path.stat().st_mode) and not path.name.startswith("."))
     limits = [[], source.max_record_bytes, source.max_json_depth, source.max_image_pixels]
     walked = walk_source(source, [])

@@ -386,3 +386,26 @@ def test_a_lone_surrogate_is_one_rejected_row_naming_its_line_or_file(tmp_path):
     _expect(_rows(SourceConfig("f", "flat_dir", flat, flat)), {
         "f/good.json": ("ok",), "f/odd.json": ("rejected", "lone surrogate", str(flat / "odd.json")),
     })
+
+
+def test_names_that_are_not_utf8_are_rejected_rows_and_the_rest_is_catalogued(tmp_path):
+    """Through the catalogue's writer, which spells each record file's path in its read mark: a record
+    file or folder whose name is not UTF-8 is one rejected row naming it with its bytes escaped."""
+    flat = tmp_path / "flat"
+    _write(flat / "good.json", _sample())
+    with open(os.path.join(os.fsencode(flat), b"caf\xe9.json"), "w") as handle:
+        handle.write(json.dumps(_sample()))
+    os.mkdir(os.path.join(os.fsencode(flat), b"dir\xff"))
+    with open(os.path.join(os.fsencode(flat), b"dir\xff", b"inner.json"), "w") as handle:
+        handle.write(json.dumps(_sample()))
+    config = tmp_path / "vlm_assets.yaml"
+    config.write_text(f"storage: {{root: {tmp_path / 'out'}}}\nsources:\n  - {{name: f, kind: flat_dir, path: {flat}}}\n")
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["f"])
+    result = dg.materialize([sample_catalog], partition_key="f", instance=instance,
+                            resources={"vlm_config": VlmConfig(config_path=str(config))})
+    assert result.success
+    rows = pd.read_parquet(StorageLayout(tmp_path / "out").catalog("f")).set_index("sample_id")
+    assert rows.status.to_dict() == {"f/caf\\xe9.json": "rejected", "f/dir\\xff": "rejected", "f/good.json": "ok"}
+    assert rows.at["f/caf\\xe9.json", "reason"].startswith(f"{flat}/caf\\xe9.json: its name is not UTF-8")
+    assert rows.at["f/dir\\xff", "reason"].startswith(f"{flat}/dir\\xff: its name is not UTF-8")

@@ -26,11 +26,12 @@ def _catalog(path, count: int, row_group: int, edited: int | None = None) -> Non
         "sample_id": f"s{number}", "status": "ok", "reason": "",
         "messages": f'[{{"role": "user", "content": "question {number}{" edited" if number == edited else ""}"}}, '
                     f'{{"role": "assistant", "content": "{"answer " * (number % 13 + 1)}"}}]',
-        "media_kinds": [], "media_refs": [],
+        "media_kinds": [], "media_refs": [], "media_stamps": [],
     } for number in range(count)]
     table = pa.Table.from_pylist(rows, schema=pa.schema([
         ("sample_id", pa.string()), ("status", pa.string()), ("reason", pa.string()), ("messages", pa.string()),
-        ("media_kinds", pa.list_(pa.string())), ("media_refs", pa.list_(pa.string()))]))
+        ("media_kinds", pa.list_(pa.string())), ("media_refs", pa.list_(pa.string())),
+        ("media_stamps", pa.list_(pa.string()))]))
     pq.write_table(table, path, row_group_size=row_group)
 
 
@@ -103,3 +104,46 @@ def test_the_table_records_the_transformers_release_that_counted_and_the_fingerp
     # Another release in the same environment: what `pip install transformers==…` changes.
     monkeypatch.setattr(processor, "transformers_version", lambda: "5.10.1" if recorded != "5.10.1" else "5.25.0")
     assert processor.processor_fingerprint(ModelConfig()) != installed
+
+
+def test_a_medium_that_changed_or_vanished_since_the_catalogue_fails_the_chunk_naming_it(tmp_path):
+    """Deleted, then restored with its old size and modification time (`cp -p`): never a rejected
+    sample, nor a length measured from other bytes than the catalogue checked, but a failure naming
+    the file; catalogued anew, the sample is measured again."""
+    import json
+    import shutil
+
+    from PIL import Image
+
+    from vlm_assets.atomic import write_parquet
+    from vlm_assets.config import SourceConfig
+    from vlm_assets.media.checks import MediumChanged
+    from vlm_assets_tests.catalog_support import build_catalog
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for number in range(3):
+        Image.new("RGB", (64, 64), (number * 60, 90, 200)).save(flat / f"{number}.png")
+        (flat / f"{number}.json").write_text(json.dumps({
+            "messages": [{"role": "user", "content": "<image>What is it?"}, {"role": "assistant", "content": "A square."}],
+            "images": [f"{number}.png"]}))
+    source = SourceConfig("f", "flat_dir", flat, flat)
+    catalog = tmp_path / "catalog.parquet"
+    write_parquet(build_catalog(source), catalog)
+    model, frame_cache = ModelConfig(), FrameCacheConfig()
+    write_length_table(catalog, tmp_path / "lengths.parquet", model, frame_cache)
+    measured = pq.read_table(tmp_path / "lengths.parquet").to_pylist()
+
+    image = flat / "1.png"
+    saved = tmp_path / "saved.png"
+    shutil.copy2(image, saved)
+    image.unlink()
+    with pytest.raises(MediumChanged, match=f"{image}: unreadable since the catalogue was built"):
+        write_length_table(catalog, tmp_path / "again.parquet", model, frame_cache)
+    shutil.copy2(saved, image)
+    with pytest.raises(MediumChanged, match=f"{image}: changed since the catalogue was built"):
+        write_length_table(catalog, tmp_path / "again.parquet", model, frame_cache)
+
+    write_parquet(build_catalog(source), catalog)
+    write_length_table(catalog, tmp_path / "again.parquet", model, frame_cache)
+    assert pq.read_table(tmp_path / "again.parquet").to_pylist() == measured

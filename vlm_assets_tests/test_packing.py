@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,6 +88,13 @@ def _messages(prompt: str, answer: str, media: list[str], turns: int = 1) -> str
     return json.dumps(messages)
 
 
+def _stamp(path: Path) -> str:
+    """The stamp the catalogue records of a medium ("" for one the test never wrote)."""
+    from vlm_assets.media.checks import medium_stamp
+
+    return medium_stamp(str(path)) if path.exists() else ""
+
+
 def build_source(root: Path, source: str, samples: list[dict]) -> StorageLayout:
     """Write media, catalog and lengths parquet for `samples`.
 
@@ -112,6 +120,7 @@ def build_source(root: Path, source: str, samples: list[dict]) -> StorageLayout:
                 "media_kinds": kinds,
                 "media_refs": [str(media_root / rel) for rel, _ in spec.get("media", [])],
                 "media_keys": [f"{source}/{rel}" for rel, _ in spec.get("media", [])],
+                "media_stamps": [_stamp(media_root / rel) for rel, _ in spec.get("media", [])],
                 "media_type": media_type_of(kinds),
             }
         )
@@ -393,6 +402,30 @@ def test_shards_hold_original_bytes_split_by_maxcount_and_rerun_is_byte_identica
     write_source_shards(jsonl, mix_layout.catalog("mix"), out, maxcount=1000)
     assert sorted(_digests(out)) == ["pretrain-000000.tar"]
     assert check_shard_members(list_shards(out), jsonl).problems == []
+
+
+def test_a_medium_replaced_after_the_catalogue_fails_the_shards_naming_it(media, tmp_path):
+    """Its length was measured from the bytes the catalogue checked: shipping other bytes beside it
+    could overflow the trainer's sequence. Same size and modification time, other bytes (`cp -p` of
+    another file): the change time tells."""
+    import shutil
+
+    from vlm_assets.media.checks import MediumChanged
+
+    root = tmp_path / "site"
+    shutil.copytree(media / "media", root / "media")
+    layout = build_source(root, "mix", MIX_SAMPLES)
+    jsonl = _write_packed(layout, "mix", "packed_multi_mix_qa")
+    replaced = root / "media" / "mix" / "a" / "0001.jpg"
+    stat = replaced.stat()
+    replaced.write_bytes(bytes(reversed(replaced.read_bytes())))
+    os.utime(replaced, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(MediumChanged, match=f"{re.escape(str(replaced))}: changed since the catalogue was built"):
+        write_source_shards(jsonl, layout.catalog("mix"), tmp_path / "shards", maxcount=2)
+    replaced.unlink()
+    with pytest.raises(MediumChanged, match=f"{re.escape(str(replaced))}.*No such file"):
+        write_source_shards(jsonl, layout.catalog("mix"), tmp_path / "shards", maxcount=2)
+    assert not list((tmp_path / "shards").glob("*.tar"))
 
 
 def test_shard_members_are_checked_against_records_written_in_any_key_order(mix_layout, tmp_path):

@@ -10,7 +10,6 @@ and shards take that pass's results, and give the same cache as decoding afresh.
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 
@@ -217,18 +216,19 @@ def test_catalogue_pass_feeds_plan_and_shards_like_a_fresh_decode(videos, trunca
         assert [frame_number(frame) for frame in reader.read(row["video"])] == [numbers[i] for i in row["frame_indices"]]
 
 
-def test_plan_and_shard_take_the_catalogue_pass_instead_of_decoding(videos, tmp_path):
-    """Proof that nothing decodes after the catalogue: the video's bytes are destroyed (size and
-    mtime kept, the file identity the spool trusts), yet the plan and the shard complete from the spool."""
+def test_plan_and_shard_take_the_catalogue_pass_instead_of_decoding(videos, tmp_path, monkeypatch):
+    """Proof that nothing decodes after the catalogue: no container is opened (every decode opens
+    one with av.open), yet the plan and the shard complete from the spool."""
     video = tmp_path / "clip.avi"
     video.write_bytes(videos["zero_size.avi"].read_bytes())
     spool = MosaicSpool(tmp_path / "spool", SMALL)
     assert MediaValidator(SMALL.num_frames, mosaic_spool=spool).error_for(str(video), "video") == ""
-    stat = video.stat()
-    video.write_bytes(b"\0" * stat.st_size)
-    os.utime(video, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    opened = []
+    real_open = av.open
+    monkeypatch.setattr(av, "open", lambda *args, **kwargs: opened.append(args) or real_open(*args, **kwargs))
     rows = _cache(tmp_path / "cache", [("s/clip.avi", str(video))], spool)
     assert [(row["total_frames"], row["frame_indices"]) for row in rows] == [(40, sample_indices(40, SMALL.num_frames))]
+    assert opened == []
 
 
 def test_stale_or_damaged_spool_entries_are_decoded_afresh(videos, tmp_path):

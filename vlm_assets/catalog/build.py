@@ -21,7 +21,7 @@ from vlm_assets.media.refs import (
     recently_read,
     sniff_extension,
 )
-from vlm_assets.media.checks import FACTS_SEPARATOR, MediaCheckLog, media_fingerprint
+from vlm_assets.media.checks import FACTS_SEPARATOR, MediaCheckLog, medium_stamp
 from vlm_assets.media.copies import MediaCopies
 from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
@@ -74,6 +74,7 @@ class MediaValidator:
         self.remembered = 0
         self._errors: dict[tuple[str, str], str] = {}  # (ref, check) -> error
         self._content_facts: dict[str, str] = {}  # pinned object image ref -> "<extension>:<height>x<width>"
+        self._stamps: dict[str, str] = {}  # ref -> its medium_stamp, taken before the check read it
         # No check remembered when the build began (a source's first): each medium will be read to be checked.
         self.checks_every_medium = check_log is None or not check_log.holds_any()
 
@@ -91,14 +92,26 @@ class MediaValidator:
         for ref, check in list(itertools.islice(self._errors, CHECKS_HELD // 2)):
             del self._errors[ref, check]
             self._content_facts.pop(ref, None)
+            self._stamps.pop(ref, None)
+
+    def stamp_of(self, ref: str) -> str:
+        """The stamp `ref`'s file had when it was checked ("" when it could not be taken)."""
+        if ref not in self._stamps:
+            self._stamps[ref] = self._stamp_now(ref)
+        return self._stamps[ref]
+
+    @staticmethod
+    def _stamp_now(ref: str) -> str:
+        try:
+            return medium_stamp(ref)
+        except OSError:
+            return ""  # missing file: its check names it
 
     def _check(self, ref: str, kind: str, check: str) -> str:
-        fingerprint = None
+        # Taken before the medium is read: a change while it is read then shows in a later step.
+        stamp = self._stamps[ref] = self._stamp_now(ref)
+        fingerprint = f"{stamp}:{check}" if stamp and self.check_log is not None else None
         if self.check_log is not None:
-            try:
-                fingerprint = media_fingerprint(ref, check)
-            except OSError:
-                pass  # missing file: the decode below names it
             if fingerprint and self.check_log.passed(ref, fingerprint):
                 self.remembered += 1
                 if ref.startswith(OBJECT_PREFIX):
@@ -220,6 +233,7 @@ def _ok_row(raw: RawRecord, text_key: str, validator: MediaValidator) -> dict:
         "media_kinds": kinds,
         "media_refs": [validator.checked_ref(media.ref) for media in resolved],
         "media_keys": [media.key for media in resolved],
+        "media_stamps": [validator.stamp_of(media.ref) for media in resolved],
         "media_type": media_type_of(kinds),
     }
 
@@ -234,6 +248,7 @@ def _rejected(reason: str) -> dict:
         "media_kinds": [],
         "media_refs": [],
         "media_keys": [],
+        "media_stamps": [],
         "media_type": "text",
     }
 

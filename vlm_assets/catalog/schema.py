@@ -13,6 +13,8 @@
   media_kinds  list[str]  "image" | "video", parallel to media_files
   media_refs   list[str]  where the bytes are (vlm_assets.media.refs: a path or a tar: ref)
   media_keys   list[str]  "<source>/<path relative to the source's media root>" (frame-cache key)
+  media_stamps list[str]  each medium's stamp when it was checked: "<size>:<mtime ns>:<ctime ns>" of
+                          its file (a tar member: of the tar), "<size>:<ETag>" of an object
   media_type   str        "image" | "video" | "mixed" | "text"
 
 ``lengths/<source>.parquet`` — one row per catalogue row, same sample_id order:
@@ -36,6 +38,7 @@ CATALOG_COLUMNS = (
     "media_kinds",
     "media_refs",
     "media_keys",
+    "media_stamps",
     "media_type",
 )
 

@@ -34,8 +34,9 @@ class SourceFiles:
 
 
 def walk_source(source: SourceConfig, excluded: Iterable[Path]) -> SourceFiles:
-    """Every file a source can read (its path, media root and allowed roots, by name, size and
-    mtime), digested with how it reads them (its kind) and its input limits; with the snapshot
+    """Every file a source can read (its path, media root and allowed roots, by name, size,
+    modification and change times: a file restored with its old mtime, or made readable again,
+    changes its ctime), digested with how it reads them (its kind) and its input limits; with the snapshot
     (`source_snapshot`) taken from the same walk, since a million-file walk takes seconds.
 
     Hidden entries and `excluded` trees (the storage root, the config file) are left out, so our
@@ -61,11 +62,15 @@ def walk_source(source: SourceConfig, excluded: Iterable[Path]) -> SourceFiles:
 _DIGEST_BATCH = 65_536
 
 
-def _walk_digest(head: list[Any], entries: list[tuple[str, int, int]], may_repeat: bool = True) -> str:
+# (path, size, mtime ns, ctime ns) of a file a walk found
+WalkEntry = tuple[str, int, int, int]
+
+
+def _walk_digest(head: list[Any], entries: list[WalkEntry], may_repeat: bool = True) -> str:
     """`digest(*head, unique)` of the sorted `entries` with repeats dropped (`may_repeat`: there may
     be some), hashed a batch of entries at a time, never the whole listing's JSON at once."""
     hasher = hashlib.sha256(json.dumps(head, sort_keys=True, default=str)[:-1].encode() + b", [")
-    previous: tuple[str, int, int] | None = None
+    previous: WalkEntry | None = None
     separator = ""
     for start in range(0, len(entries), _DIGEST_BATCH):
         batch = entries[start:start + _DIGEST_BATCH]
@@ -76,10 +81,10 @@ def _walk_digest(head: list[Any], entries: list[tuple[str, int, int]], may_repea
             previous = batch[-1]
         # Each path written between quotes as it is, then the batch's text checked at once: JSON
         # spells it so unless a path holds a quote, a backslash, or a character not printable ASCII.
-        text = ", ".join([f'["{path}", {size}, {mtime}]' for path, size, mtime in batch])
+        text = ", ".join([f'["{path}", {size}, {mtime}, {ctime}]' for path, size, mtime, ctime in batch])
         if not (text.isascii() and text.isprintable() and "\\" not in text and text.count('"') == 2 * len(batch)):
-            text = ", ".join([f'["{path}", {size}, {mtime}]' if _plain(path) else json.dumps([path, size, mtime])
-                              for path, size, mtime in batch])
+            text = ", ".join([f'["{path}", {size}, {mtime}, {ctime}]' if _plain(path)
+                              else json.dumps([path, size, mtime, ctime]) for path, size, mtime, ctime in batch])
         hasher.update((separator + text).encode())
         separator = ", "
     hasher.update(b"]]")
@@ -152,9 +157,9 @@ def _snapshot_roots(source: SourceConfig) -> list[Path | ObjectURL]:
     return [source.path]
 
 
-def _snapshot(entries: Iterable[tuple[str, int, int]]) -> Snapshot:
+def _snapshot(entries: Iterable[WalkEntry]) -> Snapshot:
     files = total = newest = 0
-    for _path, size, mtime in entries:
+    for _path, size, mtime, _ctime in entries:
         if size >= 0:  # a dangling link has no size
             files, total = files + 1, total + size
             if mtime > newest:
@@ -162,14 +167,14 @@ def _snapshot(entries: Iterable[tuple[str, int, int]]) -> Snapshot:
     return files, total, newest
 
 
-def _walk_tree(root: Path, skip: set[str], takes: Callable[[str], bool] | None = None) -> Iterator[tuple[str, int, int]]:
-    """Each file's (path, size, mtime) under `root`, folder by folder; with `takes`, only those of
-    the files whose names it takes. A dangling link's size and mtime are -1. Folders (symlinked
+def _walk_tree(root: Path, skip: set[str], takes: Callable[[str], bool] | None = None) -> Iterator[WalkEntry]:
+    """Each file's (path, size, mtime, ctime) under `root`, folder by folder; with `takes`, only
+    those of the files whose names it takes. A dangling link's size and times are -1. Folders (symlinked
     ones too) are walked into; hidden entries and `skip` trees are left out."""
     if root.is_file():
         if takes is None or takes(root.name):
             stat = root.stat()
-            yield str(root), stat.st_size, stat.st_mtime_ns
+            yield str(root), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
         return
     # A plain file is an excluded one only if its name is: resolving every file's path would cost
     # more than the rest of the walk (a source holds millions of images).
@@ -207,9 +212,9 @@ def _walk_tree(root: Path, skip: set[str], takes: Callable[[str], bool] | None =
                                 continue
                             info = os.stat(prefix + name)
                     except OSError:
-                        yield prefix + name, -1, -1  # a dangling link still counts: its rejection is an output
+                        yield prefix + name, -1, -1, -1  # a dangling link still counts: its rejection is an output
                         continue
-                    yield prefix + name, info.st_size, info.st_mtime_ns
+                    yield prefix + name, info.st_size, info.st_mtime_ns, info.st_ctime_ns
         except OSError:
             continue  # an unreadable folder, as os.walk skips it
         finally:

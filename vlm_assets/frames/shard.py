@@ -18,6 +18,7 @@ from pathlib import Path
 import av
 
 from vlm_assets.atomic import atomic_path, atomic_write_text
+from vlm_assets.media.checks import medium_stamp_or_failure
 from vlm_assets.media.refs import describe_ref
 from vlm_assets.config import FrameCacheConfig
 from vlm_assets.media.video import DEFAULT_DECODER_THREADS
@@ -79,10 +80,13 @@ def done_path(cache_dir: Path, shard: str) -> Path:
 
 
 def plan_digest(videos: list[PlannedVideo], config: FrameCacheConfig) -> str:
-    """Fingerprint of what the shard's bytes depend on (not the media keys, which only the index uses)."""
+    """Fingerprint of what the shard's bytes depend on (not the media keys, which only the index
+    uses): its videos in the plan and their files as they are now. A video keeps its place in the
+    append-only plan when its file is replaced, restored or made readable again; its stamp tells."""
     content = {
         "settings": mosaic_settings(config),
         "videos": [[video.video_id, video.ref, video.frame_indices, video.error] for video in videos],
+        "stamps": [medium_stamp_or_failure(video.ref) for video in videos],
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
@@ -134,6 +138,8 @@ def build_shard(
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
     done_path(cache_dir, shard).unlink(missing_ok=True)
+    # Of the videos before they are read: one changed meanwhile makes the record stale at once.
+    digest = plan_digest(videos, config)
     entries: list[ShardEntry] = []
     failures: list[ShardFailure] = []
     target = tar_path(cache_dir, shard)
@@ -155,7 +161,7 @@ def build_shard(
                 if on_video is not None:
                     on_video(count, video, error)
         tar_bytes = temporary.stat().st_size
-    record = ShardRecord(shard, plan_digest(videos, config), tar_bytes, entries, failures)
+    record = ShardRecord(shard, digest, tar_bytes, entries, failures)
     atomic_write_text(done_path(cache_dir, shard), json.dumps(asdict(record), indent=1) + "\n")
     if spool is not None:
         spool.discard(video.ref for video in videos)

@@ -13,12 +13,20 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, Future
 from pathlib import Path
 
 from vlm_assets.atomic import naming_a_full_disk
-from vlm_assets.media.refs import OBJECT_PREFIX, TAR_PREFIX, is_object_ref, is_tar_ref, object_facts, tar_member_path
+from vlm_assets.media.refs import (
+    OBJECT_PREFIX,
+    TAR_PREFIX,
+    describe_ref,
+    is_object_ref,
+    is_tar_ref,
+    object_facts,
+    tar_member_path,
+)
 from vlm_assets.object_store import URL_SCHEME, head
 
 
@@ -31,16 +39,20 @@ FACTS_SEPARATOR = "|"
 
 
 def media_fingerprint(ref: str, check: str) -> str:
-    """Size and modification time of the file holding the media (of an object: its size and ETag),
-    plus what the check proved.
+    """The medium's stamp (`medium_stamp`) plus what the check proved.
 
     Raises OSError when the file is missing (the check itself then reports it).
     """
-    return f"{_identity(ref)}:{check}"
+    return f"{medium_stamp(ref)}:{check}"
 
 
-def _identity(ref: str, live: bool = False) -> str:
-    """`live`: of an object, as the store has it now, even when the ref pins the version resolved."""
+def medium_stamp(ref: str, live: bool = False) -> str:
+    """What any change to the file holding the medium changes: its size, modification and change
+    times (of an object: its size and ETag). The catalogue records it beside each medium, and every
+    later step that reads the medium compares it (`verify_medium_stamp`). `live`: of an object, as
+    the store has it now, even when the ref pins the version resolved.
+
+    Raises OSError when the file is missing."""
     file = tar_member_path(ref) if is_tar_ref(ref) else ref
     if is_object_ref(file):
         facts = object_facts(file)
@@ -51,8 +63,54 @@ def _identity(ref: str, live: bool = False) -> str:
         if info is None:
             raise FileNotFoundError(f"{facts.url} does not exist")
         return f"{info.size}:{info.etag}"
-    stat = os.stat(file)
-    return f"{stat.st_size}:{stat.st_mtime_ns}"
+    return _file_stamp(os.stat(file))
+
+
+def medium_stamp_or_failure(ref: str) -> str:
+    """`medium_stamp`, or the name of the error that kept it from being taken (a missing file)."""
+    try:
+        return medium_stamp(ref)
+    except OSError as error:
+        return type(error).__name__
+
+
+def _file_stamp(stat: os.stat_result) -> str:
+    return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}"
+
+
+class MediumChanged(OSError):
+    """A medium is not the one the catalogue checked and measured: it changed, vanished or became
+    unreadable since. A fault of the machine or of an edit, not of the sample: the step fails, and
+    the next run catalogues the medium anew (the catalogue's fingerprint holds the same stamps)."""
+
+
+def verify_medium_stamp(ref: str, catalogued: str) -> None:
+    """Raise MediumChanged, naming the file, unless `ref` still has the stamp `catalogued` ("":
+    nothing recorded, nothing to compare)."""
+    if not catalogued:
+        return
+    try:
+        now = medium_stamp(ref)
+    except OSError as error:
+        raise MediumChanged(f"{describe_ref(ref)}: unreadable since the catalogue was built ({error}); "
+                            "restore it, or run again to catalogue the source anew") from error
+    if now != catalogued:
+        raise MediumChanged(f"{describe_ref(ref)}: changed since the catalogue was built (stamp {catalogued} "
+                            f"-> {now}); run again to catalogue it anew")
+
+
+def medium_read_failure(error: BaseException, refs: Sequence[str]) -> MediumChanged | None:
+    """The MediumChanged a failure reading catalogued media (`refs`) stands for, or None when the
+    failure is the sample's own: an OS error with an errno (missing, denied, an I/O error) is the
+    machine's, and names its file where it knows it."""
+    if isinstance(error, MediumChanged):
+        return error
+    if isinstance(error, OSError) and error.errno is not None:
+        where = error.filename or ", ".join(describe_ref(ref) for ref in refs)
+        return MediumChanged(f"{where}: unreadable since the catalogue was built "
+                             f"({type(error).__name__}: {error.strerror or error}); restore it, "
+                             "or run again to catalogue the source anew")
+    return None
 
 
 # Passes recorded are committed at least this often: a kill loses the checks of these seconds at most,
@@ -94,9 +152,9 @@ class MediaCheckLog:
         return True
 
     def identity(self, ref: str) -> str:
-        """The size and modification time (of an object: its size and ETag) `ref`'s file had when it
-        last passed, or "" when the log holds no pass of it."""
-        return ":".join((self._stored(ref) or "").split(":", 2)[:2])
+        """The stamp (`medium_stamp`) `ref`'s file had when it last passed, or "" when the log holds
+        no pass of it."""
+        return (self._stored(ref) or "").partition(FACTS_SEPARATOR)[0].rpartition(":")[0]
 
     def holds_any(self) -> bool:
         connection = self._open()
@@ -130,7 +188,7 @@ class MediaCheckLog:
                 file = ref
             elif is_object_ref(ref) or is_object_ref(tar_member_path(ref)):
                 try:
-                    identity = _identity(ref, live=True)
+                    identity = medium_stamp(ref, live=True)
                 except OSError:
                     return ref
                 if not fingerprint.startswith(f"{identity}:"):
@@ -142,9 +200,9 @@ class MediaCheckLog:
                 stat = os.stat(file)
             except OSError:
                 return ref
-            # media_fingerprint's size and mtime, compared as the fingerprint's start: a million media
-            # are a million stat calls, and little else.
-            if not fingerprint.startswith(f"{stat.st_size}:{stat.st_mtime_ns}:"):
+            # media_fingerprint's stamp, compared as the fingerprint's start: a million media are a
+            # million stat calls, and little else.
+            if not fingerprint.startswith(_file_stamp(stat) + ":"):
                 return ref
         return ""
 

@@ -46,6 +46,7 @@ RECORD_CHUNK_SAMPLES = 4096
 class RecordMedia:
     member: str  # "img0.jpg": the tar member name after "<key>."
     ref: str  # where the bytes are (vlm_assets.media.refs)
+    stamp: str = ""  # the file's stamp when the catalogue checked it (media.checks.medium_stamp); "": unknown
 
 
 @dataclass(frozen=True)
@@ -217,18 +218,23 @@ def _encode_chunk(chunk: tuple[str, str, list[PackedBin]]) -> tuple[int, bytes]:
 
 
 def record_of_line(line: bytes, samples: SampleRows, jsonl_path: Path, line_number: int) -> PackedRecord:
-    """One `packed_json` line as a record with its media refs; errors name the file and line."""
+    """One `packed_json` line as a record with its media refs (and their stamps where `samples` has
+    the catalogue's `media_stamps`); errors name the file and line."""
     record = json.loads(line)
-    sample_refs = []
+    sample_refs, sample_stamps = [], []
     for sample_id in record["sample_ids"]:
         try:
-            sample_refs.extend(samples[sample_id]["media_refs"])
+            row = samples[sample_id]
         except KeyError:
             raise KeyError(f"{jsonl_path}:{line_number}: sample {sample_id!r} is not in the catalogue") from None
+        refs, stamps = row["media_refs"], list(row.get("media_stamps") or ())
+        sample_refs.extend(refs)
+        sample_stamps.extend(stamps + [""] * (len(refs) - len(stamps)))
     members = [member for names in record["media_files"] for member in names]
     if len(members) != len(sample_refs):
         raise ValueError(
             f"{jsonl_path}:{line_number}: record {record['id']} names {len(members)} media "
             f"but its samples have {len(sample_refs)} in the catalogue"
         )
-    return PackedRecord(record, tuple(RecordMedia(m, r) for m, r in zip(members, sample_refs)))
+    return PackedRecord(record, tuple(RecordMedia(member, ref, stamp)
+                                      for member, ref, stamp in zip(members, sample_refs, sample_stamps)))

@@ -33,6 +33,7 @@ from typing import BinaryIO
 from vlm_assets.atomic import atomic_path, remove_stale_temp_files
 from vlm_assets.catalog import lookup
 from vlm_assets.media.refs import is_object_ref, is_tar_ref, media_size, read_media_bytes, tar_member_path
+from vlm_assets.media.checks import verify_medium_stamp
 from vlm_assets.media.copies import MediaCopies
 from vlm_assets.packing.records import PackedRecord, encode_record, record_of_line
 from vlm_assets.parallel import ordered_map, store_reading_processes
@@ -53,6 +54,7 @@ class _Member:
     header: bytes
     data: bytes | None = None  # the JSON member; media are read when written
     ref: str | None = None
+    stamp: str = ""  # the medium's stamp in the catalogue, compared once its bytes are written
 
     @property
     def stored_size(self) -> int:
@@ -332,6 +334,9 @@ def _write_shard(path: Path, samples: list[list[_Member]], on_sample: Callable[[
                     _write_all(fd, remote.bytes_of(member, path))
                 else:
                     _copy_file(member, fd, path)
+                    # Once its bytes are in: a medium replaced meanwhile would ship beside the length
+                    # measured from the one the catalogue checked.
+                    verify_medium_stamp(member.ref, member.stamp)
                 _write_all(fd, bytes(_padded(member.size) - member.size))
                 written += member.stored_size
             if on_sample is not None:
@@ -430,11 +435,13 @@ def _sample_members(packed: PackedRecord) -> list[_Member]:
         raise ValueError(f"sample key {key!r} must not contain '.' or '/'")
     payload = encode_record(packed.record)
     members = [_member(f"{key}.json", len(payload), data=payload)]
-    members += [_member(f"{key}.{item.member}", media_size(item.ref), ref=item.ref) for item in packed.media]
+    for item in packed.media:
+        verify_medium_stamp(item.ref, item.stamp)
+        members.append(_member(f"{key}.{item.member}", media_size(item.ref), ref=item.ref, stamp=item.stamp))
     return sorted(members, key=lambda member: member.name)
 
 
-def _member(name: str, size: int, data: bytes | None = None, ref: str | None = None) -> _Member:
+def _member(name: str, size: int, data: bytes | None = None, ref: str | None = None, stamp: str = "") -> _Member:
     info = tarfile.TarInfo(name)
     info.size = size
     info.mtime = 0
@@ -442,7 +449,7 @@ def _member(name: str, size: int, data: bytes | None = None, ref: str | None = N
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-    return _Member(name, size, header, data, ref)
+    return _Member(name, size, header, data, ref, stamp)
 
 
 def _padded(size: int) -> int:

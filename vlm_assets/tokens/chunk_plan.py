@@ -30,7 +30,8 @@ DEFAULT_CHUNK_ROWS = 8 * STORE_ROWS
 # well, so a source that large takes bigger chunks (the boundaries then move once, at that size).
 MAX_CHUNKS_PER_SOURCE = 10_000
 # Catalogue columns the token lengths follow from (what tokens.table reads of each row).
-DIGESTED_COLUMNS = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs"]
+# The media's stamps among them: a medium replaced since is measured again.
+DIGESTED_COLUMNS = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs", "media_stamps"]
 
 def chunk_index_key(index: int) -> str:
     return f"{index:05d}"

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from vlm_assets.media.checks import medium_read_failure
 from vlm_assets.media.images import oriented_image_size
 from vlm_assets.media.refs import read_media_bytes
 from vlm_assets.catalog.messages import split_on_placeholders
@@ -339,6 +340,7 @@ class LengthCounter:
                     videos.append(frames)
                     metadata.append(video_metadata(sampled, self.frame_cache.frame_size))
         except Exception as error:  # a template, a file or a decoder refusing the sample
+            _raise_if_machine_failure(error, sample)
             return LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error}")
         video_kwargs: dict[str, Any] = {"do_sample_frames": False} if videos else {}
         if metadata:
@@ -448,6 +450,14 @@ def completed_length(measured: MeasuredSample, image_tokens_for_size: Callable[[
     )
 
 
+def _raise_if_machine_failure(error: Exception, sample: SampleForLength) -> None:
+    """A medium the catalogue read that cannot be read now fails the step instead of rejecting the
+    sample: restored, the medium would otherwise stay rejected (see media.checks.MediumChanged)."""
+    failure = medium_read_failure(error, sample.media_refs)
+    if failure is not None:
+        raise failure from error
+
+
 def measure_samples(
     samples: Sequence[SampleForLength], text: TextCounter, modalities: Modalities, reject_control_tokens: bool = True,
     rule: CountingRule | None = None, clip_facts: ClipFacts | None = None,
@@ -480,6 +490,7 @@ def measure_samples(
                 modalities.expand_images(rendered_text(text, conversation, rule)), clips)
             rendered.append((index, prompt, sizes, len(clips), video_pads))
         except Exception as error:  # same failure classes as the exact path
+            _raise_if_machine_failure(error, sample)
             results[index] = MeasuredSample(sample.sample_id, 0, (), 0, f"{type(error).__name__}: {error}")
     counts = text.token_counts([prompt for _index, prompt, *_shapes in rendered]) if rendered else []
     for (index, _text, sizes, videos, video_pads), count in zip(rendered, counts):

@@ -32,6 +32,7 @@ from vlm_assets.atomic import atomic_path
 from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
 from vlm_assets.config import FrameCacheConfig, ModelConfig
 from vlm_assets.frames.spool import MosaicSpool
+from vlm_assets.media.checks import verify_medium_stamp
 from vlm_assets.parallel import ordered_map
 from vlm_assets.tokens.chunk_plan import STORE_ROWS
 from vlm_assets.tokens.consumer import NOT_CARRIED_BY, CountingRule
@@ -63,7 +64,7 @@ LENGTH_CHUNK_ROWS = STORE_ROWS
 # A pool costs a start-up (a process spawned, its imports, the text spec's tokenizer built; a processor
 # load where no text spec is stored): seconds, which fewer chunks than this take to measure on one process.
 POOL_MIN_CHUNKS = 8
-CATALOG_COLUMNS_READ = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs"]
+CATALOG_COLUMNS_READ = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs", "media_stamps"]
 LENGTH_SCHEMA = pa.schema(
     [(column, pa.string()) for column in LENGTH_COLUMNS[:3]] + [(column, pa.int64()) for column in LENGTH_COLUMNS[3:]]
 )
@@ -171,6 +172,10 @@ class _ChunkMeasurer:
                 continue
             sample, quick = next(ok)
             results.append(next(measured) if quick else self.exact_counter().exact(sample))
+        # After the media were read: one changed while it was read is caught too.
+        for row in catalog_rows:
+            for ref, stamp in zip(row["media_refs"], row["media_stamps"]):
+                verify_medium_stamp(ref, stamp)
         return results
 
 

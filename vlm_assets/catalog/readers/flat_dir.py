@@ -31,7 +31,7 @@ class FolderListing:
         self.stamps = self._stamps() if stamped else []
 
     def _stamps(self) -> list[str]:
-        """One line per record file: its path below the root and its size and mtime (or why it is refused)."""
+        """One line per record file: its path below the root and its stamp (size, mtime, ctime), or why it is refused."""
         stamps = []
         for entry in self.entries:
             relative = entry.path.relative_to(self.root).as_posix()
@@ -40,7 +40,7 @@ class FolderListing:
                 continue
             try:
                 stat = os.stat(entry.path)
-                stamps.append(f"{relative}\t{stat.st_size}:{stat.st_mtime_ns}")
+                stamps.append(f"{relative}\t{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}")
             except OSError as error:
                 stamps.append(f"{relative}\t{type(error).__name__}")
         return stamps

@@ -166,7 +166,8 @@ def packed_wds_shards(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         needed = sample_ids_after(jsonl_path, kept.records) if kept and kept.records else None
         # Images on object storage that the catalogue read are copied from what it kept, then dropped.
         copies = MediaCopies(layout.media_copies(source))
-        with SampleLookup(layout.catalog(source), ["media_refs"], near=jsonl_path, only=needed) as samples:
+        with SampleLookup(layout.catalog(source), ["media_refs", "media_stamps"], near=jsonl_path,
+                          only=needed) as samples:
             shards = write_shards_from_jsonl(jsonl_path, samples, directory, app.wds.maxcount, app.wds.maxsize,
                                              progress, processes, kept=kept, media_copies=copies)
         copies.clear()
