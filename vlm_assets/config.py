@@ -45,6 +45,9 @@ class ConfigError(ValueError):
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_JSON_DEPTH = 100
 MAX_JSON_DEPTH_BOUND = 500
+# The longest sequence a trainer can take (docs/formats.md §1): a bin capacity above it could only
+# come from a typo, and would otherwise pass here and fail the packing step instead.
+MAX_TOKEN_LEN_BOUND = 2**20
 # Per-image limit (docs/formats.md §2.6), checked on the header before any decode: the exact length
 # path holds one image at this limit, with the processor's own working copies, in about 0.5 GB (a
 # sample naming it four times: 0.8 GB) besides the processor's fixed 1 GB. A 45-megapixel photo
@@ -222,12 +225,15 @@ class _Reader:
             prefix = f"{key}." if key else ""
             raise self.fail(f"{prefix}{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
-    def integer(self, data: dict[str, Any], name: str, key: str, default: int, minimum: int = 1) -> int:
+    def integer(self, data: dict[str, Any], name: str, key: str, default: int, minimum: int = 1,
+                maximum: int | None = None) -> int:
         value = data.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(f"{key}.{name}", f"expected an integer, got {value!r}")
         if value < minimum:
             raise self.fail(f"{key}.{name}", f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise self.fail(f"{key}.{name}", f"must be <= {maximum}, got {value}")
         return value
 
     def number(self, data: dict[str, Any], name: str, key: str, default: float) -> float:
@@ -351,7 +357,8 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
     sample_data = sections["sample"]
     sample = SampleConfig(
         sample_type=reader.choice(sample_data, "sample_type", "sample", SampleConfig.sample_type, SAMPLE_TYPES),
-        max_token_len=reader.integer(sample_data, "max_token_len", "sample", SampleConfig.max_token_len, minimum=16),
+        max_token_len=reader.integer(sample_data, "max_token_len", "sample", SampleConfig.max_token_len, minimum=16,
+                                     maximum=MAX_TOKEN_LEN_BOUND),
         text_key=reader.string(sample_data, "text_key", "sample", SampleConfig.text_key),
     )
     packing_data = sections["packing"]
@@ -371,7 +378,8 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
         frame_size=reader.integer(frame_data, "frame_size", "frame_cache", FrameCacheConfig.frame_size, minimum=28),
         rows=reader.integer(frame_data, "rows", "frame_cache", FrameCacheConfig.rows),
         cols=reader.integer(frame_data, "cols", "frame_cache", FrameCacheConfig.cols),
-        jpeg_quality=reader.integer(frame_data, "jpeg_quality", "frame_cache", FrameCacheConfig.jpeg_quality),
+        jpeg_quality=reader.integer(frame_data, "jpeg_quality", "frame_cache", FrameCacheConfig.jpeg_quality,
+                                    maximum=100),
         videos_per_shard=reader.integer(frame_data, "videos_per_shard", "frame_cache", FrameCacheConfig.videos_per_shard),
     )
     if frame_cache.rows * frame_cache.cols != frame_cache.num_frames:
@@ -379,8 +387,6 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
             "frame_cache.rows",
             f"rows × cols must equal num_frames ({frame_cache.rows} × {frame_cache.cols} != {frame_cache.num_frames})",
         )
-    if frame_cache.jpeg_quality > 100:
-        raise reader.fail("frame_cache.jpeg_quality", f"must be <= 100, got {frame_cache.jpeg_quality}")
 
     trainer = _trainer_config(reader, sections["trainer"])
 
@@ -469,7 +475,8 @@ def _parse_sources(reader: _Reader, raw: Any, inbox_given: bool) -> tuple[Source
             subflavors=_subflavors(reader, data.get("subflavors"), f"{key}.subflavors"),
             allowed_roots=_allowed_roots(reader, data, key),
             max_record_bytes=reader.integer(data, "max_record_bytes", key, DEFAULT_MAX_RECORD_BYTES),
-            max_json_depth=_max_json_depth(reader, data, key),
+            max_json_depth=reader.integer(data, "max_json_depth", key, DEFAULT_MAX_JSON_DEPTH,
+                                          maximum=MAX_JSON_DEPTH_BOUND),
             max_image_pixels=reader.integer(data, "max_image_pixels", key, DEFAULT_MAX_IMAGE_PIXELS),
             special_tokens_in_text=reader.choice(data, "special_tokens_in_text", key, SourceConfig.special_tokens_in_text,
                                                  SPECIAL_TOKENS_IN_TEXT),
@@ -524,13 +531,6 @@ def _chunk_rows(reader: _Reader, data: dict[str, Any], key: str) -> int | None:
     if rows <= 0 or rows % CHUNK_ROWS_MULTIPLE:
         raise reader.fail(f"{key}.chunk_rows", f"must be a positive multiple of {CHUNK_ROWS_MULTIPLE}, got {data['chunk_rows']!r}")
     return rows
-
-
-def _max_json_depth(reader: _Reader, data: dict[str, Any], key: str) -> int:
-    depth = reader.integer(data, "max_json_depth", key, DEFAULT_MAX_JSON_DEPTH)
-    if depth > MAX_JSON_DEPTH_BOUND:
-        raise reader.fail(f"{key}.max_json_depth", f"must be <= {MAX_JSON_DEPTH_BOUND}, got {depth}")
-    return depth
 
 
 def _location(reader: _Reader, data: dict[str, Any], name: str, key: str) -> Path | ObjectURL:

@@ -63,6 +63,19 @@ def test_model_type_and_single_value_keys_are_accepted(tmp_path):
         load_config(write(tmp_path, keep.replace("keep", "escape")))
 
 
+def test_integer_bounds_are_refused_at_load_naming_the_key(tmp_path):
+    """A bin capacity beyond what a trainer takes is refused here, not by the packing step it would fail."""
+    (tmp_path / "train.jsonl").write_text("")
+    sources = "sources: [{name: a, kind: jsonl, path: train.jsonl}]\n"
+    assert load_config(write(tmp_path, sources + f"sample: {{max_token_len: {2**20}}}\n")).sample.max_token_len == 2**20
+    path = write(tmp_path, sources + "sample: {max_token_len: 99999999999999999999}\n")
+    with pytest.raises(ConfigError, match=r"sample.max_token_len: must be <= 1048576, got 99999999999999999999") as error:
+        load_config(path)
+    assert str(path) in str(error.value)
+    with pytest.raises(ConfigError, match=r"frame_cache.jpeg_quality: must be <= 100, got 101"):
+        load_config(write(tmp_path, sources + "frame_cache: {jpeg_quality: 101}\n"))
+
+
 def test_invalid_yaml_and_missing_file_are_clear(tmp_path):
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(write(tmp_path, "sources: [\n"))
