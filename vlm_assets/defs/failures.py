@@ -21,11 +21,13 @@ def root_cause(error) -> str:
     while error.cause is not None and error.cls_name.startswith("Dagster"):
         error = error.cause
     message = (error.message or "").strip()
-    found = ERRNO_MESSAGE.search(message)
-    if found:
-        return f"{found['reason']}: {found['path']}"
     first = message.splitlines()[0] if message else error.cls_name
     first = re.sub(r"^[\w.]+(Error|Exception|Failure): ", "", first)
+    # Only an OS error's own message is recast: one quoted further on (a rejected sample's reason, in a
+    # failure that counts the reasons) is part of a message that says more from its start.
+    found = ERRNO_MESSAGE.match(first)
+    if found:
+        return f"{found['reason']}: {found['path']}"
     return first if error.cls_name in {"Failure", "ConfigError"} else f"{first} ({error.cls_name})"
 
 
