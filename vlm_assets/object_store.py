@@ -8,6 +8,7 @@ report its requests per sample.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import posixpath
@@ -160,7 +161,8 @@ def _head(url: ObjectURL) -> ObjectInfo | None:
 
     REQUESTS["head"] += 1
     try:
-        reply = client().head_object(Bucket=url.bucket, Key=url.key)
+        with _reaching_store(url, "look it up"):
+            reply = client().head_object(Bucket=url.bucket, Key=url.key)
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None
@@ -178,7 +180,8 @@ def list_objects(prefix: ObjectURL) -> Iterator[ObjectInfo]:
     pages = iter(paginator.paginate(Bucket=prefix.bucket, Prefix=folder))
     while True:
         try:
-            page = next(pages, None)
+            with _reaching_store(prefix, "list it"):
+                page = next(pages, None)
         except ClientError as error:
             raise _refused(prefix, "list it", error) from error
         if page is None:
@@ -250,8 +253,9 @@ def _signed_get(url: ObjectURL, headers: dict[str, str], what: str) -> Any:
     try:
         address = client().generate_presigned_url(
             "get_object", Params={"Bucket": url.bucket, "Key": url.key}, ExpiresIn=PRESIGNED_SECONDS)
-        return _http().request("GET", address, headers=headers, retries=urllib3.Retry(**_GET_RETRIES),
-                               timeout=urllib3.Timeout(connect=STORE_CONNECT_TIMEOUT_S, read=store_read_timeout_s()))
+        with _reaching_store(url, f"read {what}"):
+            return _http().request("GET", address, headers=headers, retries=urllib3.Retry(**_GET_RETRIES),
+                                   timeout=urllib3.Timeout(connect=STORE_CONNECT_TIMEOUT_S, read=store_read_timeout_s()))
     except (BotoCoreError, urllib3.exceptions.HTTPError) as error:
         raise OSError(f"{url}: cannot read {what} (endpoint {client().meta.endpoint_url}): {error}") from error
 
@@ -297,6 +301,33 @@ def _refused(url: ObjectURL, doing: str, error: Exception) -> OSError:
     return OSError(f"{url}: cannot {doing} (endpoint {client().meta.endpoint_url}): {error}")
 
 
+@contextlib.contextmanager
+def _reaching_store(url: ObjectURL, doing: str) -> Iterator[None]:
+    """A request that could not connect to the store (down, a wrong address, the network gone) raises
+    one line naming the endpoint and why, instead of the HTTP libraries' chain of errors."""
+    try:
+        yield
+    except Exception as error:
+        reason = _connection_failure(error)
+        if reason is None:
+            raise
+        raise OSError(f"store unreachable at {client().meta.endpoint_url}: {reason} ({url}: cannot {doing})") from error
+
+
+def _connection_failure(error: BaseException) -> str | None:
+    """Why no connection could be made (refused, timed out, no such host): the socket's error at the end
+    of the chain boto3 or urllib3 raised; None when `error` is no failure to connect."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, NewConnectionError
+
+    if not (isinstance(error, BotoConnectionError) or
+            isinstance(error, MaxRetryError) and isinstance(error.reason, (ConnectTimeoutError, NewConnectionError))):
+        return None
+    while error.__cause__ or error.__context__:
+        error = error.__cause__ or error.__context__
+    return getattr(error, "strerror", None) or str(error)
+
+
 def _missing_bucket_hint(bucket: str) -> str:
     return (f"bucket {bucket!r} does not exist on {client().meta.endpoint_url}; create it first "
             f"(e.g. `aws s3 mb s3://{bucket}`)")
@@ -313,8 +344,10 @@ def upload_file(path: Path, url: ObjectURL) -> None:
 
     REQUESTS["put"] += 1
     try:
-        client().upload_file(str(path), url.bucket, url.key,
-                             Config=TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES))
+        with _reaching_store(url, f"upload {path}"):
+            client().upload_file(str(path), url.bucket, url.key,
+                                 Config=TransferConfig(multipart_threshold=MULTIPART_BYTES,
+                                                       multipart_chunksize=MULTIPART_BYTES))
     except S3UploadFailedError as error:
         raise _refused(url, f"upload {path}", error) from error
 
@@ -325,7 +358,8 @@ def read_object_if_any(url: ObjectURL) -> bytes | None:
 
     REQUESTS["get"] += 1
     try:
-        return client().get_object(Bucket=url.bucket, Key=url.key)["Body"].read()
+        with _reaching_store(url, "read it"):
+            return client().get_object(Bucket=url.bucket, Key=url.key)["Body"].read()
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None
@@ -338,7 +372,8 @@ def create_once(url: ObjectURL, data: bytes) -> bool:
 
     REQUESTS["put"] += 1
     try:
-        client().put_object(Bucket=url.bucket, Key=url.key, Body=data, IfNoneMatch="*")
+        with _reaching_store(url, "create it"):
+            client().put_object(Bucket=url.bucket, Key=url.key, Body=data, IfNoneMatch="*")
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
             return False

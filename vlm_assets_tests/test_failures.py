@@ -7,7 +7,7 @@ from collections import Counter
 
 import dagster as dg
 
-from vlm_assets.defs.failures import nothing_left, root_cause
+from vlm_assets.defs.failures import failure_of, nothing_left
 
 # What a processor that takes no video made of a source of videos, two of them cut short.
 REFUSED_VIDEOS = Counter({
@@ -22,8 +22,8 @@ def cause_of_failed_step(raised: Exception) -> str:
         raise raised
 
     result = dg.materialize([failing], raise_on_error=False)
-    [failure] = [event for event in result.all_events if event.is_step_failure]
-    return root_cause(failure.step_failure_data.error)
+    [cause] = [cause for cause in map(failure_of, result.all_events) if cause]
+    return cause
 
 
 def test_a_failure_counting_reasons_is_summarised_by_its_first_line_not_an_error_quoted_in_it():

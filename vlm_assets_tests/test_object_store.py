@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,7 +33,8 @@ from vlm_assets.object_store import (
     read_start, store_read_timeout_s,
 )
 from vlm_assets.root_owner import StorageRootTaken, claim_object_root
-from vlm_assets_tests.s3_support import CREDENTIALS, ENDPOINT_ENV_VAR, seaweedfs, wait_until_ready
+from vlm_assets_tests.run_support import RUN_TIMEOUT_S, start_run
+from vlm_assets_tests.s3_support import CREDENTIALS, ENDPOINT_ENV_VAR, free_port, seaweedfs, wait_until_ready
 
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -110,6 +112,55 @@ def test_a_source_in_a_missing_bucket_is_one_line_naming_the_bucket_and_the_endp
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
     assert f"bucket '{gone}' does not exist on {s3_endpoint}; create it first" in result.stderr
+
+
+def _stored_on(tmp_path: Path, root: str) -> Path:
+    """The config of a local source whose storage root is `root` on object storage, its working copy in tmp_path."""
+    record = {"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}
+    (tmp_path / "talk.jsonl").write_text(json.dumps(record) + "\n")
+    config = tmp_path / "vlm_assets.yaml"
+    config.write_text(yaml.safe_dump({"storage": {"root": root, "work_dir": str(tmp_path / "work")},
+                                      "sources": [{"name": "talk", "kind": "jsonl", "path": "talk.jsonl"}]}))
+    return config
+
+
+@pytest.mark.processes
+def test_a_store_down_when_a_run_starts_is_one_line_naming_its_endpoint(tmp_path, monkeypatch):
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    config = _stored_on(tmp_path, "s3://down/out")
+    for plan in ([], ["--plan"]):
+        result = subprocess.run([sys.executable, "-m", "vlm_assets.cli", "run", "--config", str(config), "--workers", "1",
+                                 "--dagster-home", str(tmp_path / "home"), *plan], capture_output=True, text=True, timeout=600)
+        assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+        assert result.stderr.strip().splitlines() == [
+            f"error: store unreachable at {endpoint}: Connection refused (s3://down/out/{OWNER_NAME}: cannot read it)"
+        ], result.stderr[-3000:]
+
+
+@pytest.mark.processes
+def test_a_store_lost_as_a_run_starts_is_named_in_the_runs_summary(tmp_path, monkeypatch):
+    with seaweedfs(tmp_path / "s3", tmp_path / "weed.log") as server:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+        for name, value in CREDENTIALS.items():
+            monkeypatch.setenv(name, value)
+        import boto3
+
+        boto3.client("s3", endpoint_url=server.endpoint).create_bucket(Bucket="lost")
+        process = start_run(_stored_on(tmp_path, "s3://lost/out"), tmp_path / "home", "--workers", "1")
+        output = ""
+        for line in process.stdout:
+            output += line
+            if line.startswith("▶ sample_catalog"):
+                # Gone once the run has claimed the root, before (or as) its first step opens it.
+                os.kill(server.pid, signal.SIGKILL)
+                break
+        output += process.communicate(timeout=RUN_TIMEOUT_S)[0]
+    assert process.returncode == 1, output[-3000:]
+    failed = re.search(r"^  FAILED: sample_catalog \[talk\]: (.*)$", output, re.MULTILINE)
+    assert failed and failed.group(1).startswith(f"store unreachable at {server.endpoint}: "), output[-3000:]
 
 
 def _config(tmp_path: Path, name: str, path: str, media_root: str | None, kind: str = "jsonl", **extra) -> Path:

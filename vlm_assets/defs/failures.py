@@ -31,6 +31,16 @@ def root_cause(error) -> str:
     return first if error.cls_name in {"Failure", "ConfigError"} else f"{first} ({error.cls_name})"
 
 
+# The events whose error says why a run failed: a step's own, or its resources' (a storage root on an
+# object store that stopped answering fails the resource that opens it, before the step starts).
+FAILURE_EVENT_TYPES = frozenset({dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RESOURCE_INIT_FAILURE})
+
+
+def failure_of(event: dg.DagsterEvent) -> str | None:
+    """The one-line cause a failure event gives (see FAILURE_EVENT_TYPES); None for any other event."""
+    return root_cause(event.event_specific_data.error) if event.event_type in FAILURE_EVENT_TYPES else None
+
+
 # Reasons named in the one line of a step that left a source without samples.
 NAMED_REASONS = 3
 REASON_BATCH_ROWS = 65536

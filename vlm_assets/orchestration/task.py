@@ -15,7 +15,7 @@ from pathlib import Path
 import dagster as dg
 
 from vlm_assets.atomic import atomic_write_text
-from vlm_assets.defs.failures import root_cause
+from vlm_assets.defs.failures import failure_of
 from vlm_assets.defs.resources import VlmConfig
 from vlm_assets.defs.tags import ALIVE_TAG, ASSET_TAG, FORCE_TAG, LAUNCHED_BY_CLI, LAUNCHED_BY_TAG
 from vlm_assets.locks import process_token
@@ -117,8 +117,8 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
         elif event.event_type_value == "ASSET_CHECK_EVALUATION":
             evaluation = event.event_specific_data
             outcome.checks.append((evaluation.check_name, evaluation.passed, evaluation.severity.value))
-        elif event.event_type_value == "STEP_FAILURE" and not outcome.failure:
-            outcome.failure = root_cause(event.event_specific_data.error)
+        elif not outcome.failure:
+            outcome.failure = failure_of(event) or ""
     if not result.success:
         outcome.failure = outcome.failure or "the run failed (see its log)"
         outcome.log_path = str(write_run_log(instance, result.run_id, Path(log_dir)))

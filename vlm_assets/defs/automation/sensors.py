@@ -23,7 +23,7 @@ from vlm_assets.frames.index import done_shards
 from vlm_assets.frames.plan import read_plan, shard_members
 from vlm_assets.frames.shard import plan_digest
 from vlm_assets.inbox import InboxEntry, discover_inbox
-from vlm_assets.defs.failures import root_cause
+from vlm_assets.defs.failures import FAILURE_EVENT_TYPES, failure_of
 from vlm_assets.wording import plural
 
 INTERVAL_ENV_VAR = "VLM_ASSETS_SENSOR_INTERVAL_S"
@@ -55,8 +55,8 @@ def latest_inbox_run(instance: dg.DagsterInstance, name: str) -> RunOutcome | No
 def _failure_cause(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
     if run.status == dg.DagsterRunStatus.CANCELED:
         return "canceled"
-    for record in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
-        return f"{record.dagster_event.step_key}: {root_cause(record.dagster_event.step_failure_data.error)}"
+    for record in instance.all_logs(run.run_id, of_type=set(FAILURE_EVENT_TYPES)):
+        return f"{record.dagster_event.step_key}: {failure_of(record.dagster_event)}"
     for record in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
         return record.message
     return ""
