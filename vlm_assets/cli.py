@@ -19,6 +19,7 @@ from vlm_assets.asset_specs import ASSET_NAMES, may_measure_lengths, runs_energo
 from vlm_assets.config import CONFIG_ENV_VAR, AppConfig, ConfigError, load_config
 from vlm_assets.orchestration.home import default_home, ensure_dagster_home, project_dir, remember_for_dagster_dev
 from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable
+from vlm_assets.orchestration.worker_output import log_folder
 from vlm_assets.orchestration.workers import default_workers, start_workers
 from vlm_assets.parallel import exit_without_teardown, imports_without_gc
 from vlm_assets.progress import PROGRESS_DIR_ENV_VAR
@@ -59,7 +60,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     workers = args.workers or default_workers()
     started = time.monotonic()
     # The steps in flight write their progress there (vlm_assets.progress), for the bars.
-    progress_dir = home / "logs" / f"progress-{os.getpid()}"
+    progress_dir = log_folder(home) / f"progress-{os.getpid()}"
     progress_dir.mkdir(parents=True, exist_ok=True)
     os.environ[PROGRESS_DIR_ENV_VAR] = str(progress_dir)
     # Forked from this process at the first run, once it has imported what they run (orchestration.workers).
@@ -80,7 +81,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         defs = build_definitions(str(app.path))
         with open_instance(home) as instance:
             summary = run_graph(defs, app, instance, select, echo=_echo, workers=workers, force=args.force,
-                                log_dir=home / "logs", submission=IN_WORKER_PROCESS if in_worker_processes else CELERY,
+                                log_dir=log_folder(home), submission=IN_WORKER_PROCESS if in_worker_processes else CELERY,
                                 pool=pool, progress=ProgressView(progress_dir))
     print_outputs(app)
     print(f"{summary.runs} run(s), {len(summary.materialized)} materialisation(s), {len(summary.up_to_date)} up to date, "

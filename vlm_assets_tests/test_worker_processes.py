@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -88,6 +90,36 @@ def test_a_caller_running_other_threads_gets_workers_started_afresh(tmp_path, mo
     finally:
         done.set()
         other.join()
+
+
+def test_a_worker_creates_its_log_folder_when_it_went_before_the_pool_started(tmp_path):
+    _in_a_process_of_its_own("workers_create_their_log_folder", tmp_path)
+
+
+def workers_create_their_log_folder(config: str, root: str) -> None:
+    with start_workers(config, 2) as pool:
+        # As Dagster's telemetry upload (dagster-webserver on the same instance) moves a `logs` folder away.
+        shutil.rmtree(pool.log_path.parent)
+        assert pool.submit(print, "written by a worker", flush=True).result() is None
+    assert "written by a worker" in pool.log_path.read_text()
+
+
+def test_a_pool_whose_workers_cannot_start_says_why_in_one_line(tmp_path):
+    _in_a_process_of_its_own("workers_that_cannot_start", tmp_path)
+
+
+def workers_that_cannot_start(config: str, root: str) -> None:
+    with start_workers(config, 2) as pool:
+        folder = pool.log_path.parent
+        shutil.rmtree(folder)
+        folder.write_text("a file where the log folder was\n")
+        first = pool.submit(eval, "1")
+        assert isinstance(first.exception(timeout=120), concurrent.futures.process.BrokenProcessPool)
+        # A call made once the pool is known broken fails the same way instead of raising.
+        assert isinstance(pool.submit(eval, "1").exception(timeout=120), concurrent.futures.process.BrokenProcessPool)
+        why = pool.why_broken()
+    assert why.startswith("the worker processes could not start: FileExistsError: ") and str(folder) in why, why
+    assert "\n" not in why
 
 
 def test_imports_without_gc_pauses_the_collector_and_freezes_what_was_made():

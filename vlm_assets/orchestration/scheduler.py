@@ -40,6 +40,7 @@ from vlm_assets.orchestration.report import RunSummary, report_outcome
 from vlm_assets.orchestration.progress_view import ProgressView
 from vlm_assets.orchestration.selection import GraphShape, Selection, graph_shape, selection_of, upstream_partitions
 from vlm_assets.orchestration.task import IN_WORKER_PROCESS, Submission, TaskOutcome, label
+from vlm_assets.orchestration.worker_output import log_folder
 from vlm_assets.orchestration.workers import WorkerPool, start_workers
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
 from vlm_assets.tokens.chunk_plan import ChunkPlan, chunk_index_key, chunk_partition_key
@@ -199,7 +200,7 @@ def run_graph(
     unknown = scheduler.unknown_partitions()
     if unknown:
         raise ValueError(f"no such partition: {'; '.join(unknown)}")
-    log_dir = log_dir or Path(os.environ.get("DAGSTER_HOME", ".")) / "logs"
+    log_dir = log_dir or log_folder(Path(os.environ.get("DAGSTER_HOME", ".")))
     in_flight: dict[concurrent.futures.Future, tuple[str, str | None]] = {}
     waiting: set[tuple[str, str | None]] = set()  # ready, but another process's run is building them
     next_pool_sweep = time.monotonic() + POOL_SWEEP_S
@@ -253,8 +254,7 @@ def run_graph(
                 try:
                     outcome = future.result()
                 except concurrent.futures.process.BrokenProcessPool:
-                    outcome = TaskOutcome(*node, failure="the worker process running it died (killed or out of memory)",
-                                          log_path=str(pool.log_path))
+                    outcome = TaskOutcome(*node, failure=pool.why_broken(), log_path=str(pool.log_path))
                 except OSError as error:  # before its run started, e.g. the storage root turned read-only
                     outcome = TaskOutcome(*node, failure=f"{error.strerror or error}: {error.filename}")
                 scheduler.state[node] = "done" if outcome.success and not outcome.failed_checks else "failed"

@@ -45,17 +45,24 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _worker_init(config_path: str, log_path: str, cli_pid: int) -> None:
-    # Its own session: a Ctrl-C in the terminal reaches only the CLI, which then launches nothing
-    # more and lets the steps in flight finish.
-    os.setsid()
-    # The CLI's own handlers (stop after the steps in flight) are not the worker's.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    send_output_to(log_path)
-    os.environ[CONFIG_ENV_VAR] = config_path
-    threading.Thread(target=_die_with, args=(cli_pid,), daemon=True, name="watch-cli").start()
-    skip_teardown_at_exit()
+def _worker_init(config_path: str, log_path: str, cli_pid: int, start_failures: multiprocessing.SimpleQueue) -> None:
+    try:
+        # Its own session: a Ctrl-C in the terminal reaches only the CLI, which then launches nothing
+        # more and lets the steps in flight finish.
+        os.setsid()
+        # The CLI's own handlers (stop after the steps in flight) are not the worker's.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        send_output_to(log_path)
+        os.environ[CONFIG_ENV_VAR] = config_path
+        threading.Thread(target=_die_with, args=(cli_pid,), daemon=True, name="watch-cli").start()
+        skip_teardown_at_exit()
+    except BaseException as error:
+        # The reason goes to the CLI, which names it on each step's line. Raised, it would print a
+        # traceback on the terminal (this worker's output may not be redirected yet) and still
+        # break the pool for the same reason.
+        start_failures.put(f"{type(error).__name__}: {error}")
+        os._exit(1)
 
 
 def _die_with(cli_pid: int) -> None:
@@ -103,11 +110,29 @@ class WorkerPool:
         self.log_path = log_path  # where the workers' output goes
         self.workers: list[multiprocessing.process.BaseProcess] = []  # once forked
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
+        self._start_failures: multiprocessing.SimpleQueue | None = None  # reasons workers could not start
+        self._start_failure = ""
 
     def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        """`fn(*args, **kwargs)` in a worker; a pool already broken gives a future failed with
+        BrokenProcessPool, as for the calls in flight when it broke."""
         if self._executor is None:
             self._executor = self._start()
-        return self._executor.submit(fn, *args, **kwargs)
+        try:
+            return self._executor.submit(fn, *args, **kwargs)
+        except concurrent.futures.process.BrokenProcessPool as broken:
+            failed: concurrent.futures.Future = concurrent.futures.Future()
+            failed.set_exception(broken)
+            return failed
+
+    def why_broken(self) -> str:
+        """Why a call failed with BrokenProcessPool, in one line: the first reason a worker could not
+        start, if one could not, else the death of a worker (a kill, out of memory)."""
+        while not self._start_failure and self._start_failures is not None and not self._start_failures.empty():
+            self._start_failure = self._start_failures.get()
+        if self._start_failure:
+            return f"the worker processes could not start: {self._start_failure}"
+        return "the worker process running it died (killed or out of memory)"
 
     def _start(self) -> concurrent.futures.ProcessPoolExecutor:
         alone = threading.active_count() == 1
@@ -116,9 +141,11 @@ class WorkerPool:
             sys.stdout.flush()  # else each worker would print what this process had not yet
             sys.stderr.flush()
         others = set(multiprocessing.active_children())
+        context = multiprocessing.get_context("fork" if alone else "spawn")
+        self._start_failures = context.SimpleQueue()
         executor = concurrent.futures.ProcessPoolExecutor(
-            max_workers=self.count, mp_context=multiprocessing.get_context("fork" if alone else "spawn"),
-            initializer=_worker_init, initargs=(self.config_path, str(self.log_path), os.getpid()))
+            max_workers=self.count, mp_context=context, initializer=_worker_init,
+            initargs=(self.config_path, str(self.log_path), os.getpid(), self._start_failures))
         # The first submit forks every worker, before the executor starts its own thread; each then
         # opens the instance while this process goes on.
         for _ in range(self.count):
@@ -168,14 +195,14 @@ class WorkerPool:
 
 def start_workers(config_path: str, workers: int, import_energon: bool = False, load_processor: bool = False) -> WorkerPool:
     """`workers` worker processes for `run_graph`, forked at its first run (WorkerPool), each then
-    loading the code location; their output goes to a new file under $DAGSTER_HOME/logs
+    loading the code location; their output goes to a new file under $DAGSTER_HOME/vlm_assets_logs
     (`pool.log_path`). `import_energon`, `load_processor`: the runs will run Megatron-Energon, load
     the model's processor, in them.
 
     $DAGSTER_HOME must be set first (see `vlm_assets.orchestration.home`): the workers open that instance.
     """
     log_path = workers_log_path(Path(os.environ["DAGSTER_HOME"]))
-    # Here, not in the workers: a home we cannot write to is one error in the CLI, not a broken pool.
+    # Here too, not only in the workers: a home we cannot write to is one error in the CLI, not a broken pool.
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.touch()
     return WorkerPool(config_path, max(1, workers), log_path, import_energon, load_processor)
