@@ -156,7 +156,7 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
             exclusive=(layout.TRAINING_MIX_LOCK,), shared=tuple(layout.source_lock(source) for source in sources)),
     ),
     AssetSpec(
-        "video_frame_plan", 2, "frame_cache", Partitioning.NONE, ("sample_catalog",),
+        "video_frame_plan", 3, "frame_cache", Partitioning.NONE, ("sample_catalog", "sample_lengths"),
         settings=lambda app: [app.frame_cache.num_frames, app.frame_cache.videos_per_shard],
         outputs=lambda layout, _partition, app: [_frame_cache_dir(layout, app) / PLAN_FILE],
         locks=lambda layout, _partition, app, _sources: Locks(exclusive=(_frame_cache_lock(layout, app, "plan"),)),

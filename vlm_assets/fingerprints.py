@@ -167,9 +167,10 @@ class Fingerprints:
         # Pre-computed frame counts are read as the videos of their source's media root.
         known = [(name, str(source.media_root), str(path), path.stat().st_size, path.stat().st_mtime_ns)
                  for name, source in sorted(self.sources.items()) for path in frames_source_files(source)]
-        # A source without a catalogue yet is skipped by the plan (and joins it when catalogued).
-        catalogues = [recorded for name in sorted(self.sources) for recorded in [self.recorded("sample_catalog", name)] if recorded]
-        return self._of("video_frame_plan", None, catalogues, known)
+        # A source without token lengths yet is skipped by the plan (and joins it once measured).
+        accepted = [self._read_with_catalogue("sample_lengths", name) for name in sorted(self.sources)
+                    if self.recorded("sample_lengths", name)]
+        return self._of("video_frame_plan", None, accepted, known)
 
     def _frame_cache_shard(self, shard: str | None) -> str:
         """A shard's bytes follow from its members in the plan on disk (what its step reads), their

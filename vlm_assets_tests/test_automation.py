@@ -332,6 +332,7 @@ def test_new_videos_flow_and_nightly_integrity(tmp_path, instance, demo_config_p
     assert tick(frame_cache_shards_sensor, instance, defs).skip_message  # no plan yet
 
     _materialize(defs, instance, ["sample_catalog"], "clips")
+    _materialize(defs, instance, ["sample_lengths"], "clips")  # the plan takes the videos the lengths accept
     follow = follow_upstream_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=follow_cursor, definitions=defs))
     followers = {key.to_user_string() for request in follow.run_requests for key in request.asset_selection}
     assert "video_frame_plan" in followers and "energon_dataset" not in followers
@@ -350,6 +351,7 @@ def test_new_videos_flow_and_nightly_integrity(tmp_path, instance, demo_config_p
     defs = build_definitions(write_inbox_config(site, video_sources=("clips", "more_clips")))
     instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["more_clips"])
     _materialize(defs, instance, ["sample_catalog"], "more_clips")
+    _materialize(defs, instance, ["sample_lengths"], "more_clips")
     _materialize(defs, instance, ["video_frame_plan"])
     grown = tick(frame_cache_shards_sensor, instance, defs, shards.cursor)
     requested = sorted(r.partition_key for r in grown.run_requests)

@@ -196,6 +196,16 @@ def test_an_upstream_rebuilt_since_changes_the_fingerprint_its_follower_should_h
     assert current.of("packed_json", "a") != built
 
 
+def test_a_rebuilt_length_table_makes_the_frame_plan_stale(site):
+    """The plan takes the videos of the samples the length tables accept: a rebuilt one may reject others."""
+    app = load_config(_written(site, base_config()))
+    records = {("sample_catalog", "a"): "catalogue", ("sample_lengths", "a"): "lengths"}
+    current = Fingerprints(app, "processor", list(app.sources), recorded=lambda asset, partition: records.get((asset, partition), ""))
+    built = current.of("video_frame_plan")
+    records[("sample_lengths", "a")] = "lengths measured again, a one-frame video now rejected"
+    assert current.of("video_frame_plan") != built
+
+
 def _written(site: Path, config: dict[str, Any]) -> Path:
     path = site / "vlm_assets.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from vlm_assets.catalog.schema import LENGTH_COLUMNS
 from vlm_assets.media.refs import tar_member_ref
 from vlm_assets.config import FrameCacheConfig
 from vlm_assets.defs.frame_cache import defs as frame_cache_defs
@@ -48,6 +49,7 @@ from vlm_assets.media.video_probe import (
 from vlm_assets.frames.reader import FrameCacheReader
 from vlm_assets.frames.render import render_mosaic
 from vlm_assets.frames.shard import done_path, ensure_shard, tar_path
+from vlm_assets.layout import StorageLayout
 
 SMALL = FrameCacheConfig(num_frames=8, frame_size=64, rows=2, cols=4, jpeg_quality=90, videos_per_shard=3)
 
@@ -107,8 +109,9 @@ def all_frames(path: str, size: int) -> list[np.ndarray]:
         return [resize(frame) for frame in container.decode(stream)]
 
 
-def write_catalog(root: Path, source: str, refs: list[tuple[str, str]]) -> Path:
-    """A minimal catalog/<source>.parquet with one sample per (key, ref) video."""
+def write_catalog(root: Path, source: str, refs: list[tuple[str, str]], length_rejects: tuple[str, ...] = ()) -> Path:
+    """A minimal catalog/<source>.parquet with one sample per (key, ref) video, and its length table
+    (lengths/<source>.parquet) rejecting the samples of the keys in `length_rejects`."""
     rows = [
         {
             "sample_id": f"{source}/{i}", "source": source, "origin": ref, "status": "ok", "reason": "",
@@ -122,6 +125,15 @@ def write_catalog(root: Path, source: str, refs: list[tuple[str, str]]) -> Path:
     path = root / "catalog" / f"{source}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(path, index=False)
+    lengths = []
+    for row in rows:
+        rejected = row["media_keys"][0] in length_rejects
+        status = "rejected" if rejected else row["status"]
+        reason = "video with 1 frame: too few to sample" if rejected else row["reason"]
+        lengths.append({"sample_id": row["sample_id"], "status": status, "reason": reason, "token_len": 0 if status != "ok" else 100,
+                        "text_tokens": 10, "image_tokens": 0, "video_tokens": 90})
+    (root / "lengths").mkdir(exist_ok=True)
+    pd.DataFrame(lengths, columns=list(LENGTH_COLUMNS)).to_parquet(root / "lengths" / f"{source}.parquet", index=False)
     return path
 
 
@@ -434,7 +446,9 @@ def test_interrupted_shard_resumes_to_the_same_index(clips, tmp_path):
 def test_assets_checks_and_cli(clips, tmp_path, capsys):
     storage = tmp_path / "data"
     write_catalog(storage, "alpha", [(f"alpha/{name}", str(clips[name])) for name in GOOD[:3] + ["zero.mp4"]])
-    write_catalog(storage, "beta", [("beta/same_as_h264.mp4", str(clips["h264.mp4"])), ("beta/vfr.mp4", str(clips["vfr.mp4"]))])
+    # A video whose sample the token lengths reject is never packed: neither planned nor indexed.
+    write_catalog(storage, "beta", [("beta/same_as_h264.mp4", str(clips["h264.mp4"])), ("beta/vfr.mp4", str(clips["vfr.mp4"])),
+                                    ("beta/one_frame.mov", str(clips["hevc.mov"]))], length_rejects=("beta/one_frame.mov",))
     config = write_config(tmp_path / "vlm.yaml", storage, SMALL, ["alpha", "beta"])
     resources = {"vlm_config": VlmConfig(config_path=str(config))}
     instance = dg.DagsterInstance.ephemeral()
@@ -448,6 +462,8 @@ def test_assets_checks_and_cli(clips, tmp_path, capsys):
     assert result.success
     shards = instance.get_dynamic_partitions(FRAME_CACHE_SHARD_PARTITIONS.name)
     assert shards == ["part-00000", "part-00001"]
+    planned = {key for video in read_plan(StorageLayout(storage).frame_cache_dir(SMALL)) for key in video.keys}
+    assert "beta/vfr.mp4" in planned and "beta/one_frame.mov" not in planned
     for shard in shards:
         result = dg.materialize([shard_asset, shard_check], resources=resources, instance=instance, partition_key=shard)
         assert result.success
@@ -457,6 +473,9 @@ def test_assets_checks_and_cli(clips, tmp_path, capsys):
     assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
     metadata = result.asset_materializations_for_node("frame_cache_index")[0].metadata
     assert metadata["summary"].value == "RGB cache: 5 records, 0 skipped, 1 failed"
+    indexed = [json.loads(line)["video"] for name in ("index.jsonl", "failures.jsonl")
+               for line in (Path(metadata["path"].value) / name).read_text().splitlines()]
+    assert "beta/vfr.mp4" in indexed and "beta/one_frame.mov" not in indexed
 
     out = tmp_path / "frames"
     assert frames_cli.get_frames(_get_args("beta/same_as_h264.mp4", out, config)) == 0

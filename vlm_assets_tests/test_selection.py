@@ -68,10 +68,12 @@ def test_one_partition_brings_the_same_partition_of_its_upstream(shape, instance
 
 def test_an_upstream_partitioned_otherwise_is_built_whole(shape, instance):
     selection = selection_of(shape, ["frame_cache_shard[part-00000]"], instance)
-    assert selection.assets == ["sample_catalog", "video_frame_plan", "frame_cache_shard"]
+    assert selection.assets == ["sample_catalog", "sample_length_chunk", "sample_lengths", "video_frame_plan",
+                                "frame_cache_shard"]
     assert selection.keeps("frame_cache_shard", "part-00000") and not selection.keeps("frame_cache_shard", "part-00001")
-    # The plan reads every source's catalogue.
-    assert all(selection.keeps("sample_catalog", source) for source in ("demo_images", "demo_video", "demo_wds"))
+    # The plan reads every source's catalogue and token lengths.
+    assert all(selection.keeps(asset, source) for source in ("demo_images", "demo_video", "demo_wds")
+               for asset in ("sample_catalog", "sample_lengths"))
 
 
 def test_a_whole_asset_and_one_of_its_partitions_select_it_whole(shape, instance):

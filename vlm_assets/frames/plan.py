@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.media.refs import is_object_ref, is_tar_ref
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.config import FrameCacheConfig, SourceConfig
+from vlm_assets.parquet_batches import parquet_batches
 from vlm_assets.media.video_probe import (
     SampledFrames,
     VideoError,
@@ -29,6 +28,7 @@ from vlm_assets.media.video_probe import (
 
 PLAN_FILE = "plan.jsonl"
 FRAMES_SOURCE_FILE = "video_frames_source.jsonl"
+PLAN_BATCH_ROWS = 8192
 
 
 @dataclass
@@ -87,15 +87,25 @@ def shard_members(plan: list[PlannedVideo]) -> dict[str, list[PlannedVideo]]:
     return dict(sorted(members.items()))
 
 
-def catalog_videos(catalog_path: Path) -> Iterator[tuple[str, str]]:
-    """(media key, ref) of every video of the accepted samples, in catalogue order."""
-    table = pq.read_table(catalog_path, columns=["status", "media_kinds", "media_refs", "media_keys"])
-    for row in table.to_pylist():
-        if row["status"] != STATUS_OK:
-            continue
-        for kind, ref, key in zip(row["media_kinds"], row["media_refs"], row["media_keys"]):
-            if kind == "video":
-                yield key, ref
+def accepted_videos(catalog_path: Path, lengths_path: Path) -> Iterator[tuple[str, str]]:
+    """(media key, ref) of every video of the samples the source's length table accepts, in catalogue order.
+
+    The length table has one row per catalogue row, in the same order, and keeps the catalogue's
+    rejects: a sample it accepts is one the catalogue accepted too. A video it rejects (one frame, too
+    many tokens) is never packed, so it is not cached either.
+    """
+    catalog = parquet_batches(catalog_path, ["sample_id", "media_kinds", "media_refs", "media_keys"], PLAN_BATCH_ROWS)
+    lengths = parquet_batches(lengths_path, ["sample_id", "status"], PLAN_BATCH_ROWS)
+    for catalog_batch, length_batch in zip(catalog, lengths, strict=True):
+        for row, length in zip(catalog_batch.to_pylist(), length_batch.to_pylist()):
+            if row["sample_id"] != length["sample_id"]:
+                raise ValueError(f"{lengths_path}: row {length['sample_id']!r} stands where the catalogue "
+                                 f"{catalog_path} has {row['sample_id']!r}; build sample_lengths again")
+            if length["status"] != STATUS_OK:
+                continue
+            for kind, ref, key in zip(row["media_kinds"], row["media_refs"], row["media_keys"]):
+                if kind == "video":
+                    yield key, ref
 
 
 def extend_plan(

@@ -18,7 +18,7 @@ from vlm_assets.defs.spec_assets import spec_asset
 from vlm_assets.frames.index import write_index
 from vlm_assets.frames.plan import (
     PlannedVideo,
-    catalog_videos,
+    accepted_videos,
     extend_plan,
     frames_source_files,
     load_frames_source,
@@ -67,8 +67,8 @@ def plan_table_md(plan: list[PlannedVideo], limit: int = 10) -> str:
 @spec_asset(
     "video_frame_plan",
     automation_condition=FOLLOWS_UPSTREAM,
-    description="Every unique video of the catalogue with its decodable frame count, fps, sampled "
-    "frame indices and (append-only) shard; registers the frame_cache_shards partitions. Videos the "
+    description="Every unique video of the samples the token lengths accept with its decodable frame "
+    "count, fps, sampled frame indices and (append-only) shard; registers the frame_cache_shards partitions. Videos the "
     "catalogue decoded are taken from its spool, the others probed.",
 )
 def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
@@ -78,12 +78,13 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     videos: list[tuple[str, str]] = []
     missing: list[str] = []
     for source in vlm_config.sources():
-        catalog = vlm_config.layout.catalog(source.name)
-        if not catalog.is_file():
+        catalog, lengths = vlm_config.layout.catalog(source.name), vlm_config.layout.lengths(source.name)
+        if not (catalog.is_file() and lengths.is_file()):
             missing.append(source.name)
-            context.log.warning(f"{source.name}: no catalogue at {catalog} yet; its videos are not planned")
+            context.log.warning(f"{source.name}: no catalogue and token lengths at {catalog}, {lengths} yet; "
+                                "its videos are not planned")
             continue
-        videos.extend(catalog_videos(catalog))
+        videos.extend(accepted_videos(catalog, lengths))
 
     def report(added: int, video: PlannedVideo) -> None:
         if added % LOG_EVERY == 0:
@@ -113,7 +114,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         "probe_failures": failed,
         "shards": len(shards),
         "new_shards": dg.MetadataValue.json(new_keys),
-        "sources_without_catalog": dg.MetadataValue.json(missing),
+        "sources_without_lengths": dg.MetadataValue.json(missing),
         "path": dg.MetadataValue.path(str(cache_dir)),
         "latest_videos": dg.MetadataValue.md(plan_table_md(plan)),
     }, data_version=plan_file_digest(cache_dir)))
