@@ -21,6 +21,7 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,26 +59,36 @@ def peaks(samples: int) -> dict[str, float]:
     """Peak RSS (MiB) of each step's processes on a source of `samples` samples."""
     manifest = write_source(samples)
     site = OUT / "sites" / str(samples)
+    return step_peaks(site, f"sources:\n  - {{name: chat, kind: jsonl, path: {manifest}}}\npacking: {{min_fill_ratio: 0.2}}\n",
+                      STEPS, peak_of_children, f"{samples:>8} samples")
+
+
+def peak_of_children(command: list[str], env: dict[str, str]) -> tuple[int, int]:
+    """Run `command` in a wrapper process; its exit code and the wrapper's RUSAGE_CHILDREN peak RSS (KiB)."""
+    output = subprocess.run([PYTHON, "-c", PEAK_OF_CHILDREN, *command], env=env, cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    return int(output[0]), int(output[1])
+
+
+def step_peaks(site: Path, config: str, steps: Sequence[str], peak_of: Callable[[list[str], dict[str, str]], tuple[int, int]],
+               label: str) -> dict[str, float]:
+    """Peak RSS (MiB) of each of `steps`, built one at a time by `vlm-assets run --workers 1` with `config`
+    (YAML, `storage` added: under `site`, which is made afresh and removed after), as `peak_of(command,
+    env)` measures it (exit code, KiB)."""
     shutil.rmtree(site, ignore_errors=True)
     site.mkdir(parents=True)
-    config = site / "vlm_assets.yaml"
-    config.write_text(
-        f"storage: {{root: {site / 'vlm_data'}}}\n"
-        f"sources:\n  - {{name: chat, kind: jsonl, path: {manifest}}}\n"
-        "packing: {min_fill_ratio: 0.2}\n",
-        encoding="utf-8",
-    )
+    path = site / "vlm_assets.yaml"
+    path.write_text(f"storage: {{root: {site / 'vlm_data'}}}\n{config}", encoding="utf-8")
     env = {**os.environ, "DAGSTER_HOME": str(site / "home")}
     env.pop("VLM_ASSETS_STEP_PROCESSES", None)
     result = {}
-    for step in STEPS:
-        command = [PYTHON, "-m", "vlm_assets.cli", "run", "--config", str(config), "--workers", "1", "--select", step]
-        output = subprocess.run([PYTHON, "-c", PEAK_OF_CHILDREN, *command], env=env, cwd=ROOT,
-                                capture_output=True, text=True, check=True).stdout.split()
-        if output[0] != "0":
-            raise SystemExit(f"{' '.join(command)} failed (exit {output[0]}); see {site / 'home' / 'logs'}")
-        result[step] = int(output[1]) / 1024
-        print(f"  {samples:>8} samples  {step:<18} peak {result[step]:8.0f} MiB", flush=True)
+    for step in steps:
+        command = [PYTHON, "-m", "vlm_assets.cli", "run", "--config", str(path), "--workers", "1", "--select", step]
+        code, peak = peak_of(command, env)
+        if code != 0:
+            raise SystemExit(f"{' '.join(command)} failed (exit {code}); see {site / 'home'}")
+        result[step] = peak / 1024
+        print(f"  {label}  {step:<18} peak {result[step]:8.0f} MiB", flush=True)
     shutil.rmtree(site)
     return result
 

@@ -32,7 +32,15 @@ from vlm_assets.parquet_batches import rows_with_ids
 from vlm_assets.tokens.consumer import CountingRule
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import shared_processor
-from vlm_assets.tokens.table import LENGTH_CHUNK_ROWS, POOL_MIN_CHUNKS, ChunkStore, rows_to_recheck, sample_kind, write_length_table
+from vlm_assets.tokens.table import (
+    LENGTH_CHUNK_ROWS,
+    POOL_MIN_CHUNKS,
+    RECHECK_MAX_TOKENS,
+    ChunkStore,
+    rows_to_recheck,
+    sample_kind,
+    write_length_table,
+)
 from vlm_assets_tests.packing_support import samples_by_id
 from vlm_assets_tests.run_support import initialised_home, run, start_run
 
@@ -218,6 +226,13 @@ def test_chunked_lengths_on_two_processes_equal_one_process_and_the_whole_source
     assert all(kinds[sample_id] == kind for sample_id, kind in selection.kind_of.items())
     assert rows_to_recheck(catalog, two, 3).chosen == selection.chosen  # seeded
     assert len(rows_to_recheck(catalog, two, 10_000).chosen) == len(ok_table)
+    # A row longer than the processor's call on its whole text should be given is never chosen.
+    longest = ok_table.token_len.idxmax()
+    table.loc[table.sample_id == longest, "token_len"] = RECHECK_MAX_TOKENS + 1
+    table.to_parquet(tmp_path / "long.parquet", index=False)
+    everything = rows_to_recheck(catalog, tmp_path / "long.parquet", 10_000)
+    assert longest not in everything.chosen and len(everything.chosen) == len(ok_table) - 1
+    assert everything.too_long == 1 and everything.ok_by_kind == selection.ok_by_kind
 
 
 def test_step_processes_setting(monkeypatch):

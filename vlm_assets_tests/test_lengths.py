@@ -12,7 +12,7 @@ from vlm_assets_tests.processor_families import proven_modalities
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength, measure_samples, oriented_image_size
 from vlm_assets.tokens.processor import embedded_processor_dir, processor_fingerprint
-from vlm_assets.tokens.text import SpecText, spec_text, store_text_spec, stored_text_spec, text_spec_of
+from vlm_assets.tokens.text import PIECE_CHARS, SpecText, spec_text, store_text_spec, stored_text_spec, text_spec_of
 
 SMALL_CLIPS = FrameCacheConfig(num_frames=8, frame_size=112, rows=2, cols=4)
 
@@ -49,6 +49,22 @@ def test_fast_equals_exact_on_every_demo_sample(demo_app, processor):
         assert all(r.status == "ok" and r.token_len > 0 for r in results)
     video = {r.sample_id: r for r in counter.count(samples_of(build_catalog(demo_app.source("demo_video"))))}
     assert video["demo_video/v1"].video_tokens == 6272  # 64 frames of 384² -> 32 × 28 × 28 / 4
+
+
+def test_a_conversation_longer_than_a_piece_counts_as_the_processor_counts_it_whole(demo_app, processor):
+    """Counted a piece at a time (cut before the template's special tokens), in memory that does not grow
+    with the conversation: the same length as the processor's own call on the whole text."""
+    counter = proven(processor, demo_app.frame_cache)
+    # Whitespace and non-ASCII text at every turn's edges, where the pieces meet.
+    turns = [{"role": ("user", "assistant")[turn % 2], "content": f"\n {turn} ünïcödé 漢字  words\t \n" * 800}
+             for turn in range(40)]
+    sample = SampleForLength("long", json.dumps(turns), [], [])
+    text = spec_text(text_spec_of(processor))
+    assert text.spec.cut_before and len(counter.render(sample.messages)) > 2 * PIECE_CHARS
+    [measured] = measure_samples([sample], text, counter.modalities)
+    fast, exact = counter.complete(measured), counter.exact(sample)
+    assert (fast.status, fast.token_len, fast.text_tokens) == (exact.status, exact.token_len, exact.text_tokens) == (
+        "ok", exact.token_len, exact.token_len)
 
 
 def test_fast_equals_exact_on_real_images_and_videos(tmp_path, shared_data, processor):

@@ -22,6 +22,7 @@ from vlm_assets.defs.resources import HEAVY_POOL
 from vlm_assets.layout import StorageLayout
 from vlm_assets.locks import LOCK_DIR, file_lock
 from vlm_assets_tests.run_support import (
+    descendants,
     differences,
     initialised_home,
     run,
@@ -165,23 +166,6 @@ def test_ctrl_c_stops_after_the_step_in_flight_and_launches_nothing_more(demo_co
         assert instance.get_latest_materialization_event(dg.AssetKey("sample_lengths")) is None
 
 
-def _descendants(pid: int) -> set[int]:
-    """The live processes under `pid` (its children, theirs, ...), from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
 def _processes_on(home: Path) -> set[int]:
     """The running processes whose environment names `home` as $DAGSTER_HOME, from /proc."""
     wanted = f"DAGSTER_HOME={home}".encode()
@@ -216,7 +200,7 @@ def test_the_clis_workers_and_their_helpers_go_with_it(demo_config_path, tmp_pat
     with file_lock(root, StorageLayout.source_lock("demo_video")):  # parks that source's catalogue mid-body
         process = start_run(config, home, *WORKERS, "--select", "sample_catalog")
         wait_for_started_run(home, "sample_catalog", "demo_video")
-        family = _descendants(process.pid)
+        family = descendants(process.pid)
         assert len(family) >= 2, family  # two workers, and their steps' helpers
         if how == "Ctrl-C twice":
             process.send_signal(signal.SIGINT)

@@ -143,6 +143,8 @@ class _ChunkMeasurer:
         self._exact: LengthCounter | None = None
         if spec is None or modalities is None:
             self._exact = length_counter(model, frame_cache, reject_control_tokens, rule=rule)
+            # Stored by it where it stands in for the processor: long texts are then counted in pieces.
+            spec = spec or stored_text_spec(model)
         self.text: TextCounter = spec_text(spec) if spec is not None else self.exact_counter().text
         self.modalities: Modalities = modalities if modalities is not None else self.exact_counter().modalities
         if rule is not None:
@@ -366,6 +368,10 @@ def sample_kind(media_kinds: list[str]) -> str:
 
 
 SAMPLE_KINDS = ("text", "single_image", "multi_image", "video", "mixed")
+# The longest sample the exact path rechecks: the processor's call holds about 300 bytes per token
+# of its text (its tokenizer's encoding of the whole), 3 GB for a conversation of 10 million tokens,
+# where the length being checked was counted a piece at a time (tokens.text.PIECE_CHARS).
+RECHECK_MAX_TOKENS = 1 << 18
 
 
 @dataclass
@@ -379,6 +385,7 @@ class RecheckSelection:
     ok_by_kind: Counter[str] = field(default_factory=Counter)
     processor_failures: list[dict[str, str]] = field(default_factory=list)  # a few rows the processor call refused
     processor_failure_count: int = 0
+    too_long: int = 0  # ok rows left out for their length (RECHECK_MAX_TOKENS)
 
 
 def rows_to_recheck(catalog: Path, lengths: Path, per_kind: int, seed: int = 0) -> RecheckSelection:
@@ -387,10 +394,11 @@ def rows_to_recheck(catalog: Path, lengths: Path, per_kind: int, seed: int = 0) 
     The catalogue and the length table have the same rows in the same order, so they are read
     side by side, by column: a first pass counts the ok rows of each kind, the chosen ones (by
     their rank among their kind) are taken in a second. Memory holds a batch and the chosen rows
-    whatever the source's size.
+    whatever the source's size. Rows over RECHECK_MAX_TOKENS are not chosen.
     """
     selection = RecheckSelection()
     ok_by_kind = np.zeros(len(SAMPLE_KINDS), dtype=np.int64)
+    eligible_by_kind = np.zeros(len(SAMPLE_KINDS), dtype=np.int64)
     for catalog_batch, length_batch, kinds, ok in _recheck_batches(catalog, lengths):
         selection.catalog_ok += pc.sum(pc.equal(catalog_batch.column("status"), STATUS_OK)).as_py() or 0
         failed = pc.starts_with(length_batch.column("reason"), PROCESSOR_CALL_FAILED).fill_null(False)
@@ -400,13 +408,17 @@ def rows_to_recheck(catalog: Path, lengths: Path, per_kind: int, seed: int = 0) 
         for row in length_batch.filter(failed).slice(0, 5 - len(selection.processor_failures)).to_pylist():
             selection.processor_failures.append({"sample_id": row["sample_id"], "reason": row["reason"]})
         ok_by_kind += np.bincount(kinds[ok], minlength=len(SAMPLE_KINDS))
+        eligible = ok & _recheckable(length_batch)
+        eligible_by_kind += np.bincount(kinds[eligible], minlength=len(SAMPLE_KINDS))
+    selection.too_long = int(ok_by_kind.sum() - eligible_by_kind.sum())
     rng = random.Random(seed)
-    ranks = [np.sort(rng.sample(range(count), min(per_kind, count))) for count in ok_by_kind.tolist()]
+    ranks = [np.sort(rng.sample(range(count), min(per_kind, count))) for count in eligible_by_kind.tolist()]
     chosen: list[list[tuple[str, int]]] = [[] for _ in SAMPLE_KINDS]
     seen = np.zeros(len(SAMPLE_KINDS), dtype=np.int64)
     for _catalog_batch, length_batch, kinds, ok in _recheck_batches(catalog, lengths):
+        eligible = ok & _recheckable(length_batch)
         for kind in range(len(SAMPLE_KINDS)):
-            rows = np.flatnonzero(ok & (kinds == kind))
+            rows = np.flatnonzero(eligible & (kinds == kind))
             picked = rows[np.isin(np.arange(seen[kind], seen[kind] + len(rows)), ranks[kind])]
             seen[kind] += len(rows)
             if len(picked):
@@ -419,6 +431,10 @@ def rows_to_recheck(catalog: Path, lengths: Path, per_kind: int, seed: int = 0) 
             selection.chosen[sample_id] = token_len
             selection.kind_of[sample_id] = kind
     return selection
+
+
+def _recheckable(length_batch: pa.RecordBatch) -> np.ndarray:
+    return pc.less_equal(length_batch.column("token_len"), RECHECK_MAX_TOKENS).fill_null(False).to_numpy(zero_copy_only=False)
 
 
 def _recheck_batches(catalog: Path, lengths: Path) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch, np.ndarray, np.ndarray]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +22,7 @@ from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import ModelConfig
 from vlm_assets.tokens.processor import default_cache_dir, import_transformers, processor_fingerprint
 
-TEXT_SPEC_VERSION = 2
+TEXT_SPEC_VERSION = 3
 Conversation = list[dict[str, Any]]
 
 # Conversations on which the spec must render and count exactly as the processor does.
@@ -49,6 +49,10 @@ class TextCounter(Protocol):
 # Texts tokenised per call: the encodings of a whole length chunk (16,384 samples) at once held
 # hundreds of MB, and a long-lived worker kept that high-water mark.
 TOKENIZE_BATCH = 1024
+# A longer text is tokenised in pieces of about this many characters where the spec allows
+# (TextSpec.cut_before): one encoding holds about 75 bytes per character of its text (the
+# normalised text's alignments, the tokens and their offsets), 3.7 GB for a 50 MB conversation.
+PIECE_CHARS = 1 << 18
 
 
 def _batches(texts: Sequence[str]) -> Iterator[list[str]]:
@@ -81,6 +85,10 @@ class TextSpec:
     chat_template: str
     template_kwargs: dict[str, Any]  # the tokenizer's special tokens, as apply_chat_template passes them
     control_tokens: tuple[str, ...]  # see control_tokens_of
+    # Special tokens of the template a long text may be cut before, each piece counted on its own:
+    # the tokenizer splits its text at them before anything else, so the pieces' counts add up to the
+    # whole's (proven on the probe conversations; () where they do not).
+    cut_before: tuple[str, ...] = ()
 
 
 class SpecText:
@@ -95,6 +103,10 @@ class SpecText:
         self._tokenizer = Tokenizer.from_str(spec.tokenizer_json)
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
+        cuts = sorted(spec.cut_before, key=len, reverse=True)
+        self._cut = re.compile("|".join(re.escape(token) for token in cuts)) if cuts else None
+        # What the post-processor adds once per text (a BOS), left out of each piece.
+        self._added_per_text = self._tokenizer.num_special_tokens_to_add(False)
 
     def render(self, conversation: Conversation, template: str | None = None) -> str:
         from transformers.utils.chat_template_utils import render_jinja_template
@@ -107,8 +119,25 @@ class SpecText:
         return prompts[0]
 
     def token_counts(self, texts: Sequence[str]) -> list[int]:
+        long = {index: self.count_in_pieces(text) for index, text in enumerate(texts)
+                if len(text) > PIECE_CHARS and self._cut is not None}
         # The ids alone (no offsets): the same counts, less work and memory.
-        return [len(encoding.ids) for batch in _batches(texts) for encoding in self._tokenizer.encode_batch_fast(batch)]
+        short = iter([len(encoding.ids)
+                      for batch in _batches([text for index, text in enumerate(texts) if index not in long])
+                      for encoding in self._tokenizer.encode_batch_fast(batch)])
+        return [long[index] if index in long else next(short) for index in range(len(texts))]
+
+    def count_in_pieces(self, text: str, piece_chars: int = PIECE_CHARS) -> int:
+        """The tokens of `text`, tokenised a piece of about `piece_chars` characters at a time."""
+        assert self._cut is not None, "only for a spec with tokens to cut before"
+        count, start = self._added_per_text, 0
+        while start < len(text):
+            cut = self._cut.search(text, start + piece_chars) if len(text) - start > piece_chars else None
+            end = cut.start() if cut is not None else len(text)
+            [encoding] = self._tokenizer.encode_batch_fast([text[start:end]], add_special_tokens=False)
+            count += len(encoding.ids)
+            start = end
+        return count
 
 
 def spec_text(spec: TextSpec) -> SpecText:
@@ -138,17 +167,33 @@ def text_spec_of(processor: Any) -> TextSpec | None:
     if not all(isinstance(value, str) or (isinstance(value, list) and all(isinstance(item, str) for item in value))
                for value in template_kwargs.values()):
         return None
-    spec = TextSpec(backend.to_str(), template, template_kwargs, control_tokens_of(processor))
+    spec = TextSpec(backend.to_str(), template, template_kwargs, control_tokens_of(processor), _cut_candidates(backend, template))
     try:
         ours, theirs = SpecText(spec), ProcessorText(processor)
-        for conversation in PROBE_CONVERSATIONS:
-            text = theirs.render(conversation)
-            if ours.render(conversation) != text or ours.token_counts([text]) != theirs.token_counts([text]):
-                return None
+        texts = [theirs.render(conversation) for conversation in PROBE_CONVERSATIONS]
+        if any(ours.render(conversation) != text or ours.token_counts([text]) != theirs.token_counts([text])
+               for conversation, text in zip(PROBE_CONVERSATIONS, texts)):
+            return None
+        # Cut before every such token the probes hold: the counts must not change.
+        if spec.cut_before and any(ours.count_in_pieces(text, piece_chars=1) != theirs.token_counts([text])[0]
+                                   for text in texts):
+            spec = replace(spec, cut_before=())
+            ours = SpecText(spec)
     except Exception:  # a template or tokenizer this path does not handle: keep the processor's own
         return None
     _last_spec_text = ours
     return spec
+
+
+def _cut_candidates(backend: Any, template: str) -> tuple[str, ...]:
+    """The special tokens the template writes that the tokenizer splits a text at as they are: matched in
+    the raw text, before normalising, and taking no whitespace beside them or a word's edges into account."""
+    added = getattr(backend, "get_added_tokens_decoder", None)  # tokenizers 0.15 on
+    return tuple(sorted(
+        token.content for token in (added() if added is not None else {}).values()
+        if token.special and token.content in template and not token.normalized
+        and not (token.lstrip or token.rstrip or token.single_word)
+    ))
 
 
 def chat_template_of(processor: Any) -> str:
@@ -206,7 +251,8 @@ def stored_text_spec(model: ModelConfig, cache_dir: Path | None = None) -> TextS
     """The spec `store_text_spec` kept for this processor (files and kwargs), if any."""
     try:
         fields = json.loads(_spec_path(model, cache_dir).read_text(encoding="utf-8"))
-        return TextSpec(**{**fields, "control_tokens": tuple(fields["control_tokens"])})
+        return TextSpec(**{**fields, "control_tokens": tuple(fields["control_tokens"]),
+                           "cut_before": tuple(fields["cut_before"])})
     except (FileNotFoundError, json.JSONDecodeError, TypeError, KeyError):
         return None
 

@@ -290,8 +290,8 @@ def sample_lengths(
     partitions_def=SOURCES_PARTITIONS,
     blocking=True,
     description=(
-        "Recomputes random rows of each kind (text only, one image, several images, video, mixed) with the "
-        "exact processor path; fails on any difference, on rows the processor call itself refused, and on a "
+        "Recomputes random rows of each kind (text only, one image, several images, video, mixed) of at most "
+        "262,144 tokens with the exact processor path; fails on any difference, on rows the processor call itself refused, and on a "
         "source whose accepted samples have no length. A failed check moves the table aside."
     ),
 )
@@ -318,7 +318,7 @@ def lengths_match_processor(
         problems.append(f"{plural(len(mismatches), 'row')} differ from the exact path")
     if selection.processor_failure_count:
         problems.append(f"the processor call refused {plural(selection.processor_failure_count, 'row')}")
-    if selection.catalog_ok > selection.not_carried and not chosen:
+    if selection.catalog_ok > selection.not_carried and not selection.ok_by_kind:
         # Rows the sample type cannot carry are rejects with their reason, not a processor's failure.
         problems.append(f"none of the {plural(selection.catalog_ok - selection.not_carried, 'accepted sample')} has a length")
     recomputed = Counter(selection.kind_of.values())
@@ -334,6 +334,7 @@ def lengths_match_processor(
             "rows_checked": len(chosen),
             "rows_checked_by_kind": dg.MetadataValue.json(dict(recomputed)),
             "ok_rows_by_kind": dg.MetadataValue.json(dict(selection.ok_by_kind)),
+            "ok_rows_too_long_to_recheck": selection.too_long,
             "mismatches": dg.MetadataValue.json(mismatches[:20]),
             "processor_call_failures": selection.processor_failure_count,
             "processor_call_failure_examples": dg.MetadataValue.json(selection.processor_failures),
