@@ -4,8 +4,10 @@
 
 A JSON-lines source holds a few short chats and one chat of --turns turns, --megabytes MB of JSON in
 all (the probe's worst case: one 50 MB record; `max_record_bytes` allows up to 64 MiB). The same
-source without that record gives each step's fixed base. `max_token_len` is set high enough for
-the record to be packed, so every step handles it. Each step runs through the real CLI, one asset
+source without that record gives each step's fixed base. `max_token_len` is the largest the config
+takes (2**20 tokens, about 4.5 MB of such text): a larger record is rejected by `packing_bins` as
+over-long, so `packed_json` and `packed_wds_shards` never carry it; measure those with a record
+that packs (`--megabytes 4`). Each step runs through the real CLI, one asset
 at a time (`--workers 1`: the step's chunks run in its own process), and its peak is the largest
 peak RSS (VmHWM) of the CLI and its worker processes, read from /proc every 20 ms while they run.
 Reported per step: both peaks and the growth over the record's size; the bound in
@@ -26,11 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from memory import ROOT, STEPS, WORDS, step_peaks  # noqa: E402
+from vlm_assets.config import MAX_TOKEN_LEN_BOUND  # noqa: E402
 from vlm_assets_tests.run_support import descendants  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "record_memory"
 SMALL_CHATS = 20
-MAX_TOKEN_LEN = 1 << 25
 POLL_S = 0.02
 
 
@@ -75,7 +77,7 @@ def peaks(name: str, turns: int, megabytes: float, steps: list[str]) -> tuple[di
     inputs = OUT / "inputs" / name
     record_bytes = write_source(inputs, turns, megabytes)
     config = (f"sources:\n  - {{name: chat, kind: jsonl, path: {inputs / 'chat.jsonl'}}}\n"
-              f"sample: {{max_token_len: {MAX_TOKEN_LEN}}}\npacking: {{min_fill_ratio: 0.0}}\n")
+              f"sample: {{max_token_len: {MAX_TOKEN_LEN_BOUND}}}\npacking: {{min_fill_ratio: 0.0}}\n")
     result = step_peaks(OUT / "sites" / name, config, steps, peak_of_tree, f"{name:<6}")
     shutil.rmtree(inputs)
     return result, record_bytes
