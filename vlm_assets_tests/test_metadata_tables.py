@@ -61,6 +61,11 @@ def test_catalogue_reasons_are_cut_between_words(tmp_path):
     _cut_between_words(kind, reason)
 
 
+def test_a_reason_kind_keeps_the_brackets_its_error_quotes():
+    reason = "unreadable video 'a.mp4': cannot open video: [Errno 1094995529] Invalid data [/data/train.jsonl:7]"
+    assert reason_kind(reason) == "unreadable video 'a.mp4': cannot open video: [Errno 1094995529] Invalid data"
+
+
 def test_reason_table_lists_the_commonest_reasons_whole_and_counts_the_rest():
     reasons = Counter({f"reason number {n}": n + 1 for n in range(SHOWN_REASONS + 5)})
     table = reason_table_md(reasons)

@@ -46,8 +46,9 @@ CATALOG_SCHEMA = pa.schema([
 # Rows per parquet row group: chunks are small (they balance the workers), row groups need not be.
 ROWS_PER_WRITE = 8192
 REASON_CHARS = 120
-# A reason ends with where the sample came from ("[file:line]"); the UI groups reasons without it.
-_ORIGIN_SUFFIX = re.compile(r"\s*\[.*\]$")
+# A reason ends with where the sample came from (" [file:line]"); the UI groups reasons without it.
+# Only that last bracket: the error before it may quote one of its own ("[Errno 5] …").
+_ORIGIN_SUFFIX = re.compile(r"\s*\[[^\[]*\]$")
 
 
 def reason_kind(reason: str) -> str:
