@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import posixpath
 import re
@@ -246,6 +247,20 @@ _GET_RETRIES = {"total": STORE_ATTEMPTS - 1, "backoff_factor": 0.1, "status_forc
                 "allowed_methods": frozenset({"GET"}), "raise_on_status": False}
 
 
+# The query of a presigned address (SigV4's X-Amz-Signature, SigV2's Signature): a credential for minutes.
+_SIGNED_QUERY = re.compile(r"\?[^\s'\")]*Signature=[^\s'\")]*")
+
+
+class _UnsignedLog(logging.Filter):
+    """urllib3 logs each retry with the address it retries, signature and all: logged without it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "Signature=" in message:
+            record.msg, record.args = _SIGNED_QUERY.sub("?…", message), None
+        return True
+
+
 def _signed_get(url: ObjectURL, headers: dict[str, str], what: str) -> Any:
     import urllib3
     from botocore.exceptions import BotoCoreError
@@ -257,7 +272,9 @@ def _signed_get(url: ObjectURL, headers: dict[str, str], what: str) -> Any:
             return _http().request("GET", address, headers=headers, retries=urllib3.Retry(**_GET_RETRIES),
                                    timeout=urllib3.Timeout(connect=STORE_CONNECT_TIMEOUT_S, read=store_read_timeout_s()))
     except (BotoCoreError, urllib3.exceptions.HTTPError) as error:
-        raise OSError(f"{url}: cannot read {what} (endpoint {client().meta.endpoint_url}): {error}") from error
+        # urllib3 quotes the address it was given, whose query is a signature valid for minutes: not for logs.
+        reason = _SIGNED_QUERY.sub("?…", str(error))
+        raise OSError(f"{url}: cannot read {what} (endpoint {client().meta.endpoint_url}): {reason}") from error
 
 
 def _http() -> Any:
@@ -269,6 +286,9 @@ def _http() -> Any:
         import botocore.session
         import urllib3
 
+        pool_log = logging.getLogger("urllib3.connectionpool")
+        if not any(isinstance(known, _UnsignedLog) for known in pool_log.filters):
+            pool_log.addFilter(_UnsignedLog())
         endpoint = urllib3.util.parse_url(client().meta.endpoint_url)
         proxy = urllib.request.getproxies().get(endpoint.scheme)
         options = {"maxsize": 32, "ca_certs": botocore.session.get_session().get_config_variable("ca_bundle")}

@@ -124,6 +124,48 @@ def _stored_on(tmp_path: Path, root: str) -> Path:
     return config
 
 
+def test_a_failed_read_names_the_object_without_the_signature_it_was_read_with(monkeypatch, caplog):
+    """A read that fails after its retries (here: a server that drops every connection at once) is one
+    error naming the object and the endpoint; the signed address urllib3 quotes in its own error would
+    hand a valid signature to every log the message reaches."""
+    import socket
+    import threading
+
+    from vlm_assets.object_store import ObjectURL, read_range
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    def drop_every_connection() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return  # closed: the test is over
+            connection.close()
+
+    threading.Thread(target=drop_every_connection, daemon=True).start()
+    for name, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(name, value)
+    failure: list[BaseException] = []
+
+    def read() -> None:  # in a thread of its own: a thread's store client is made from the environment once
+        try:
+            read_range(ObjectURL("b", "media/a.jpg"), 0, 16)
+        except OSError as error:
+            failure.append(error)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join(timeout=60)
+    listener.close()
+    [error] = failure
+    assert str(error).startswith(f"s3://b/media/a.jpg: cannot read bytes 0-15 (endpoint {endpoint}): "), error
+    assert "Signature" not in str(error) and "X-Amz" not in str(error), error
+    retries = [record.getMessage() for record in caplog.records if record.name == "urllib3.connectionpool"]
+    assert retries and not any("Signature" in message for message in retries), retries
+
+
 @pytest.mark.processes
 def test_a_store_down_when_a_run_starts_is_one_line_naming_its_endpoint(tmp_path, monkeypatch):
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
