@@ -38,4 +38,4 @@ echo "== token-length tests under transformers $oldest"
 env -u VLM_ASSETS_PG_HOST "$layer/bin/python" -m pytest -q -m "not processes" -p no:cacheprovider \
   vlm_assets_tests/test_lengths.py vlm_assets_tests/test_family_lengths.py \
   vlm_assets_tests/test_processor_families.py vlm_assets_tests/test_embedded_processor.py \
-  vlm_assets_tests/test_video_tokens.py "$@"
+  vlm_assets_tests/test_video_tokens.py vlm_assets_tests/test_chat_templates.py "$@"

@@ -20,9 +20,9 @@ CONFIG_ENV_VAR = "VLM_ASSETS_CONFIG"
 DEFAULT_CONFIG_NAME = "vlm_assets.yaml"
 SOURCE_KINDS = ("flat_dir", "jsonl", "wds")
 SAMPLE_TYPES = ("packed_captioning", "packed_vqa", "packed_multi_mix_qa", "packed_chat_mix")
-# How the packed shards' consumer renders a child's text (vlm_assets.tokens.consumer): LoongForge's `qwen2-vl`
-# template, or the processor's own chat template (a trainer rendering with the model's HF template).
-CHAT_TEMPLATES = ("qwen2-vl", "processor")
+# How the packed shards' consumer renders a child's text and resizes its media (vlm_assets.tokens.consumer):
+# LoongForge's templates of those names, or the processor's own chat template with Qwen2-VL's media rule.
+CHAT_TEMPLATES = ("qwen2-vl", "qwen3-vl", "qwen2.5-vl-hf", "qwen3-vl-hf", "processor")
 # `packing.algorithm` may name the packing algorithm; best-fit decreasing is the only one, any other value is refused.
 PACKING_ALGORITHMS = ("best_fit_decreasing",)
 # full: every build packs every sample afresh (best fill); append: bins and shards once written stay,

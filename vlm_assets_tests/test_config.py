@@ -63,6 +63,17 @@ def test_model_type_and_single_value_keys_are_accepted(tmp_path):
         load_config(write(tmp_path, keep.replace("keep", "escape")))
 
 
+def test_trainer_chat_template_takes_loongforges_qwen_vl_template_names(tmp_path):
+    (tmp_path / "train.jsonl").write_text("")
+    sources = "sources: [{name: a, kind: jsonl, path: train.jsonl}]\n"
+    assert load_config(write(tmp_path, sources)).trainer.chat_template == "qwen2-vl"
+    for name in ("qwen2-vl", "qwen3-vl", "qwen2.5-vl-hf", "qwen3-vl-hf", "processor"):
+        assert load_config(write(tmp_path, sources + f"trainer: {{chat_template: {name}}}\n")).trainer.chat_template == name
+    with pytest.raises(ConfigError, match=r"trainer.chat_template: must be one of qwen2-vl, qwen3-vl, qwen2.5-vl-hf, "
+                                          r"qwen3-vl-hf, processor; got 'qwen2.5-vl'"):
+        load_config(write(tmp_path, sources + "trainer: {chat_template: qwen2.5-vl}\n"))
+
+
 def test_integer_bounds_are_refused_at_load_naming_the_key(tmp_path):
     """A bin capacity beyond what a trainer takes is refused here, not by the packing step it would fail."""
     (tmp_path / "train.jsonl").write_text("")

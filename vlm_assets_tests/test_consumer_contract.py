@@ -182,9 +182,11 @@ def _by_hand_resize(height: int, width: int, lo: float, hi: float) -> tuple[int,
     return h, w
 
 
-@pytest.mark.parametrize("size", [(480, 640), (375, 500), (128, 128), (20, 30), (4000, 3000), (1080, 1920), (28, 5000)])
-def test_consumer_media_arithmetic_matches_a_by_hand_version(size):
-    trainer = TrainerConfig()
+@pytest.mark.parametrize("chat_template", ["qwen2-vl", "qwen3-vl", "qwen2.5-vl-hf", "qwen3-vl-hf", "processor"])
+@pytest.mark.parametrize("size", [(480, 640), (375, 500), (128, 128), (20, 30), (4000, 3000), (1080, 1920), (28, 5000),
+                                  (30, 1200)])
+def test_consumer_media_arithmetic_matches_a_by_hand_version(size, chat_template):
+    trainer = TrainerConfig(chat_template=chat_template)
     height, width = size
     assert smart_resize(height, width, 28, trainer.min_pixels, trainer.max_pixels) == _by_hand_resize(
         height, width, trainer.min_pixels, trainer.max_pixels)
@@ -193,7 +195,10 @@ def test_consumer_media_arithmetic_matches_a_by_hand_version(size):
     if max(h, w) > 512:
         factor = 512 / max(h, w)  # the consumer scales by this factor, then truncates: 672 × (512 / 672) → 511
         h, w = int(h * factor), int(w * factor)
-    h, w = max(h, 28), max(w, 28)
+    # Qwen3-VL's media plugin raises the shorter side to 32 (its patch 16 × merge 2), Qwen2-VL's to 28:
+    # (30, 1200) reaches (11, 512) after the cap.
+    shortest = 32 if chat_template.startswith("qwen3") else 28
+    h, w = max(h, shortest), max(w, shortest)
     assert rule.image_size(height, width) == (h, w)
     assert max(rule.image_size(height, width)) <= 512
     assert CountingRule("packed_vqa", trainer).image_size(height, width) == (height, width)

@@ -253,6 +253,8 @@ def test_each_familys_lengths_are_measured_in_the_clis_worker_processes(family, 
         "model": {"processor": str(family_dirs[family]), "model_type": family},
         "sample": {"max_token_len": 32768},
         "frame_cache": {"num_frames": 8, "frame_size": 112, "rows": 2, "cols": 4},
+        # The trainer's template for Qwen3-VL (the default, `qwen2-vl`, refuses its processor).
+        **({"trainer": {"chat_template": "qwen3-vl"}} if family == "qwen3_vl" else {}),
     }))
     result = run(config, tmp_path / "home", "--select", "sample_lengths", "--workers", "2")
     assert result.returncode == 0, result.stdout[-4000:]

@@ -6,16 +6,18 @@ each child of a pack by its sample type:
   template; the image as the processor resizes it.
 - packed_vqa: the one user turn and its answer through the processor's chat template, its final
   newline dropped; the image as the processor resizes it.
-- packed_multi_mix_qa and packed_chat_mix: every turn through the trainer's chat template (`qwen2-vl`:
-  a default system turn, each answer closed by end-of-text, turns joined by a newline, no newline
-  after the last); each image resized within the trainer's `min_pixels`/`max_pixels` and its longer
-  side capped at `image_resolution` (512 px when unset), each video sampled at `fps` and its frames
-  resized within the frame budget, before the processor resizes them in turn.
+- packed_multi_mix_qa and packed_chat_mix: every turn through the trainer's chat template
+  (`trainer.chat_template`, one of LoongForge's templates for the Qwen-VL families, each a text rule
+  and a media plugin: see CONSUMER_TEMPLATES); each image resized within the trainer's
+  `min_pixels`/`max_pixels` and its longer side capped at `image_resolution` (512 px when unset),
+  each video sampled at `fps` and its frames resized within the frame budget, before the processor
+  resizes them in turn (Qwen3-VL's plugin has the processor sample the frames again).
 A sample a type cannot carry is refused here with a reason that names the type.
 
-These encodings spell media with Qwen-VL's vision markup. A processor of another family reads none, so
-its children are counted as its own chat template renders them, the media at their own size: the
-sample type still decides what a pack may carry.
+These encodings spell media with Qwen-VL's vision markup. A Qwen-VL processor of another family than
+the template's is refused. A processor of another model family reads no such markup: under `qwen2-vl`
+(the default) and `processor` its children are counted as its own chat template renders them, the media
+at their own size, the sample type still deciding what a pack may carry; the other templates refuse it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vlm_assets.config import AppConfig, SourceConfig, TrainerConfig
+from vlm_assets.config import AppConfig, ConfigError, SourceConfig, TrainerConfig
 
 CAPTIONING, VQA, MULTI_MIX_QA, CHAT_MIX = "packed_captioning", "packed_vqa", "packed_multi_mix_qa", "packed_chat_mix"
 SINGLE_IMAGE_TYPES = frozenset({CAPTIONING, VQA})
@@ -45,14 +47,17 @@ _PARTS = (
     '{%- elif part.type == "video" -%}{{- "<|vision_start|><|video_pad|><|vision_end|>" -}}'
     '{%- else -%}{{- part.text -}}{%- endif -%}{%- endfor -%}{%- endmacro -%}'
 )
-# LoongForge's `qwen2-vl` template: the system turn (its default when the sample has none), then
-# user turns each followed by the assistant header, answers closed by end-of-text, and a newline
-# before every user turn after the first.
-QWEN2_VL_TEMPLATE = _PARTS + (
-    '{%- set ns = namespace(system="You are a helpful assistant.") -%}'
+# The system turn's text: the sample's own where it has a non-empty one (the consumer drops an empty one).
+_SYSTEM = (
+    '{%- set ns = namespace(system="") -%}'
     '{%- for message in messages if message.role == "system" and body(message.content) -%}'
     '{%- set ns.system = body(message.content) -%}{%- endfor -%}'
-    '{{- "<|im_start|>system\\n" ~ ns.system ~ "<|im_end|>\\n" -}}'
+)
+# LoongForge's `qwen2-vl` and `qwen3-vl` templates (its legacy multi-turn encoding): the system turn (its
+# default when the sample has none), then user turns each followed by the assistant header, answers
+# closed by end-of-text, and a newline before every user turn after the first.
+MULTITURN_TEMPLATE = _PARTS + _SYSTEM + (
+    '{{- "<|im_start|>system\\n" ~ (ns.system or "You are a helpful assistant.") ~ "<|im_end|>\\n" -}}'
     '{%- for message in messages if message.role != "system" -%}'
     '{%- if message.role == "user" -%}'
     '{%- if not loop.first -%}{{- "\\n" -}}{%- endif -%}'
@@ -60,11 +65,82 @@ QWEN2_VL_TEMPLATE = _PARTS + (
     '{%- else -%}{{- body(message.content) ~ eos_token -}}{%- endif -%}'
     '{%- endfor -%}'
 )
+# LoongForge's `*-hf` templates, rendered from its own training Jinja over the turns with their media
+# already expanded: every turn `<|im_start|>role\n…<|im_end|>\n`, the last one's newline included.
+_HF_TURNS = (
+    '{%- for message in messages if message.role != "system" -%}'
+    '{{- "<|im_start|>" ~ message.role ~ "\\n" ~ body(message.content) ~ "<|im_end|>\\n" -}}'
+    '{%- endfor -%}'
+)
+# `qwen2.5-vl-hf`: Qwen2.5-VL's default system turn when the sample has none.
+QWEN2_5_VL_HF_TEMPLATE = _PARTS + _SYSTEM + (
+    '{{- "<|im_start|>system\\n" ~ (ns.system or "You are a helpful assistant.") ~ "<|im_end|>\\n" -}}'
+) + _HF_TURNS
+# `qwen3-vl-hf`: no system turn unless the sample has one.
+QWEN3_VL_HF_TEMPLATE = _PARTS + _SYSTEM + (
+    '{%- if ns.system -%}{{- "<|im_start|>system\\n" ~ ns.system ~ "<|im_end|>\\n" -}}{%- endif -%}'
+) + _HF_TURNS
 CAPTION_TEMPLATE = _PARTS + (
     '{{- "<|vision_start|><|image_pad|><|vision_end|>" -}}'
     '{%- for message in messages if message.role == "assistant" -%}{{- body(message.content) -}}{%- endfor -%}'
     '{{- eos_token -}}'
 )
+
+
+@dataclass(frozen=True)
+class ConsumerTemplate:
+    """One of `trainer.chat_template`'s names: how the consumer renders a child's text, which media
+    plugin resizes its media, and the processors it is LoongForge's template for."""
+
+    name: str
+    text: str | None  # the Jinja a child is rendered with (None: the processor's own chat template)
+    processors: frozenset[str]  # the processor classes of its family (empty: any)
+    # Qwen3-VL's plugin: an image's shorter side at least 32 px (Qwen2-VL's: 28), and the sampled frames
+    # handed to the video processor, which samples them again (see video_processor_kwargs).
+    qwen3_plugin: bool = False
+    # Whether a processor that reads no Qwen-VL markup is still counted (by its own template): only under
+    # the default, which is set whatever the model.
+    counts_other_families: bool = False
+
+    def counts(self, processor_class: str) -> bool:
+        """Whether a processor of this class can be counted under this template."""
+        if not self.processors or processor_class in self.processors:
+            return True
+        return self.counts_other_families and processor_class not in QWEN_VL_PROCESSORS
+
+    def refusal(self, processor_class: str) -> str:
+        """Why a processor of this class cannot be counted under this template ("" when it can)."""
+        if self.counts(processor_class):
+            return ""
+        family = " and ".join(sorted(self.processors))
+        return (f"trainer.chat_template {self.name!r} is LoongForge's template for {family}, "
+                f"but the loaded processor is {processor_class}; set trainer.chat_template to one of "
+                f"{', '.join(templates_for(processor_class))} or load a processor of that family")
+
+
+QWEN2_FAMILY = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor"})
+QWEN3_FAMILY = frozenset({"Qwen3VLProcessor"})
+CONSUMER_TEMPLATES: dict[str, ConsumerTemplate] = {template.name: template for template in (
+    ConsumerTemplate("qwen2-vl", MULTITURN_TEMPLATE, QWEN2_FAMILY, counts_other_families=True),
+    ConsumerTemplate("qwen3-vl", MULTITURN_TEMPLATE, QWEN3_FAMILY, qwen3_plugin=True),
+    ConsumerTemplate("qwen2.5-vl-hf", QWEN2_5_VL_HF_TEMPLATE, frozenset({"Qwen2_5_VLProcessor"})),
+    ConsumerTemplate("qwen3-vl-hf", QWEN3_VL_HF_TEMPLATE, QWEN3_FAMILY, qwen3_plugin=True),
+    # The processor's own chat template, with Qwen2-VL's media plugin.
+    ConsumerTemplate("processor", None, frozenset()),
+)}
+
+
+def templates_for(processor_class: str) -> list[str]:
+    """The `trainer.chat_template` names a processor of this class can be counted under."""
+    return [name for name, template in CONSUMER_TEMPLATES.items() if template.counts(processor_class)]
+
+
+# Qwen3-VL's media plugin gives the video processor the sampled frames as a clip of this many frames per
+# second, unless the processor has a `video_fps` attribute.
+QWEN3_PLUGIN_VIDEO_FPS = 24.0
+# Its smallest image side (Qwen3-VL's patch 16 × merge 2); Qwen2-VL's plugin keeps PIXEL_FACTOR.
+QWEN3_PLUGIN_MIN_SIDE = 32
+
 
 # Every reason a sample type gives for not carrying a sample starts so.
 NOT_CARRIED_BY = "not carried by"
@@ -112,8 +188,16 @@ class CountingRule:
 
     def bound_to(self, processor_class: str) -> CountingRule:
         """This rule for a processor of this class: the consumer's encoding where the processor reads
-        Qwen-VL's vision markup, else the processor's own template and sizes."""
+        Qwen-VL's vision markup, else the processor's own template and sizes. A processor of another
+        family than the trainer's chat template's is refused (ConfigError)."""
+        refusal = self.consumer_template.refusal(processor_class)
+        if refusal:
+            raise ConfigError(refusal)
         return replace(self, qwen_markup=processor_class in QWEN_VL_PROCESSORS)
+
+    @property
+    def consumer_template(self) -> ConsumerTemplate:
+        return CONSUMER_TEMPLATES[self.trainer.chat_template]
 
     @property
     def resizes_media(self) -> bool:
@@ -126,8 +210,8 @@ class CountingRule:
             return None
         if self.sample_type == CAPTIONING:
             return CAPTION_TEMPLATE
-        if self.resizes_media and self.trainer.chat_template == "qwen2-vl":
-            return QWEN2_VL_TEMPLATE
+        if self.resizes_media:
+            return self.consumer_template.text
         return None
 
     def refusal(self, conversation: Conversation, media_kinds: Sequence[str]) -> str:
@@ -178,8 +262,9 @@ class CountingRule:
         if max(width, height) > cap:
             scale = cap / max(width, height)
             width, height = int(width * scale), int(height * scale)
-        if min(width, height) < PIXEL_FACTOR:
-            width, height = max(width, PIXEL_FACTOR), max(height, PIXEL_FACTOR)
+        shortest = QWEN3_PLUGIN_MIN_SIDE if self.consumer_template.qwen3_plugin else PIXEL_FACTOR
+        if min(width, height) < shortest:
+            width, height = max(width, shortest), max(height, shortest)
         if width / height > MAX_ASPECT_RATIO:
             width = height * 180
         if height / width > MAX_ASPECT_RATIO:
@@ -222,3 +307,19 @@ def consumer_video(data: bytes, rule: CountingRule) -> Any:
                          f"{type(error).__name__}: {error}") from error
     height, width = rule.frame_size(frames, video.shape[2], video.shape[3])
     return torch.nn.functional.interpolate(video.float(), size=(height, width), mode="bicubic", align_corners=False)
+
+
+def video_processor_kwargs(rule: CountingRule | None, processor: Any, clips: Sequence[Any]) -> dict[str, Any]:
+    """How the processor's video processor takes a sample's clips: as they are (the frame cache's, or
+    those the consumer sampled under Qwen2-VL's media plugin), or as Qwen3-VL's plugin hands them over:
+    each said to be a clip of `video_fps` frames per second (the processor's attribute, else 24) with its
+    own frame count, the video processor's frame sampling left as the processor sets it. Qwen3-VL's then
+    samples its `fps` frames per second of such a clip again (at 2 and 24: one frame in 12, at least its
+    `min_frames`) and prints each temporal patch's time from the frames it kept and that rate.
+    """
+    if rule is None or not rule.resizes_media or not rule.consumer_template.qwen3_plugin:
+        return {"do_sample_frames": False}
+    from transformers.video_utils import VideoMetadata
+
+    fps = getattr(processor, "video_fps", QWEN3_PLUGIN_VIDEO_FPS)
+    return {"video_metadata": [VideoMetadata(total_num_frames=len(clip), fps=fps) for clip in clips]}

@@ -35,7 +35,7 @@ from vlm_assets.catalog.messages import split_on_placeholders
 from vlm_assets.catalog.schema import STATUS_OK, STATUS_REJECTED
 from vlm_assets.config import FrameCacheConfig
 from vlm_assets.media.video_probe import SampledFrames
-from vlm_assets.tokens.consumer import CountingRule, consumer_video
+from vlm_assets.tokens.consumer import CountingRule, consumer_video, video_processor_kwargs
 from vlm_assets.tokens.image_tokens import ImageExpansion, image_token_arithmetic, marked_token_ids
 from vlm_assets.tokens.text import ProcessorText, TextCounter, control_token_in
 from vlm_assets.tokens.video_tokens import (
@@ -342,7 +342,7 @@ class LengthCounter:
         except Exception as error:  # a template, a file or a decoder refusing the sample
             _raise_if_machine_failure(error, sample)
             return LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error}")
-        video_kwargs: dict[str, Any] = {"do_sample_frames": False} if videos else {}
+        video_kwargs = video_processor_kwargs(self.rule, self.processor, videos) if videos else {}
         if metadata:
             video_kwargs["video_metadata"] = metadata
         try:
@@ -376,9 +376,10 @@ class LengthCounter:
                 return f"{type(media_error).__name__}: {media_error} (image {ref})"
         for ref, clip, clip_metadata in zip(video_refs, videos, metadata or [None] * len(videos)):
             try:
-                self.processor.video_processor(videos=[clip], do_sample_frames=False,
-                                               video_metadata=[clip_metadata] if clip_metadata else None,
-                                               return_tensors="pt")
+                clip_kwargs = video_processor_kwargs(self.rule, self.processor, [clip])
+                if clip_metadata:
+                    clip_kwargs["video_metadata"] = [clip_metadata]
+                self.processor.video_processor(videos=[clip], return_tensors="pt", **clip_kwargs)
             except Exception as media_error:
                 return f"{type(media_error).__name__}: {media_error} (video {ref})"
         return f"{PROCESSOR_CALL_FAILED} ({self.modalities.processor_class}): {type(error).__name__}: {error}"
