@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vlm_assets.config import AppConfig, ConfigError, SourceConfig, TrainerConfig
+from vlm_assets.tokens.video_tokens import patch_times
 
 CAPTIONING, VQA, MULTI_MIX_QA, CHAT_MIX = "packed_captioning", "packed_vqa", "packed_multi_mix_qa", "packed_chat_mix"
 SINGLE_IMAGE_TYPES = frozenset({CAPTIONING, VQA})
@@ -41,10 +42,12 @@ MAX_ASPECT_RATIO = 200
 # The processors whose media placeholders are that markup's (`<|image_pad|>`, `<|video_pad|>`).
 QWEN_VL_PROCESSORS = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor"})
 
+# What the templates below write for a clip, which the processor (or Qwen3-VL's media plugin) expands.
+CLIP_MARKUP = "<|vision_start|><|video_pad|><|vision_end|>"
 _PARTS = (
     '{%- macro body(content) -%}{%- for part in content -%}'
     '{%- if part.type == "image" -%}{{- "<|vision_start|><|image_pad|><|vision_end|>" -}}'
-    '{%- elif part.type == "video" -%}{{- "<|vision_start|><|video_pad|><|vision_end|>" -}}'
+    '{%- elif part.type == "video" -%}{{- "' + CLIP_MARKUP + '" -}}'
     '{%- else -%}{{- part.text -}}{%- endif -%}{%- endfor -%}{%- endmacro -%}'
 )
 # The system turn's text: the sample's own where it has a non-empty one (the consumer drops an empty one).
@@ -95,8 +98,8 @@ class ConsumerTemplate:
     name: str
     text: str | None  # the Jinja a child is rendered with (None: the processor's own chat template)
     processors: frozenset[str]  # the processor classes of its family (empty: any)
-    # Qwen3-VL's plugin: an image's shorter side at least 32 px (Qwen2-VL's: 28), and the sampled frames
-    # handed to the video processor, which samples them again (see video_processor_kwargs).
+    # Qwen3-VL's plugin: an image's shorter side at least 32 px (Qwen2-VL's: 28), and a clip's text
+    # written by the plugin from frames the video processor samples again (see qwen3_plugin_clip_text).
     qwen3_plugin: bool = False
     # Whether a processor that reads no Qwen-VL markup is still counted (by its own template): only under
     # the default, which is set whatever the model.
@@ -136,7 +139,7 @@ def templates_for(processor_class: str) -> list[str]:
 
 
 # Qwen3-VL's media plugin gives the video processor the sampled frames as a clip of this many frames per
-# second, unless the processor has a `video_fps` attribute.
+# second, unless the processor has a `video_fps` attribute (see qwen3_plugin_clip_text).
 QWEN3_PLUGIN_VIDEO_FPS = 24.0
 # Its smallest image side (Qwen3-VL's patch 16 × merge 2); Qwen2-VL's plugin keeps PIXEL_FACTOR.
 QWEN3_PLUGIN_MIN_SIDE = 32
@@ -202,6 +205,11 @@ class CountingRule:
     @property
     def resizes_media(self) -> bool:
         return self.qwen_markup and self.sample_type in MEDIA_RESIZING_TYPES
+
+    @property
+    def plugin_writes_clips(self) -> bool:
+        """Whether the consumer's media plugin writes each clip's text itself (Qwen3-VL's: qwen3_plugin_clip_text)."""
+        return self.resizes_media and self.consumer_template.qwen3_plugin
 
     @property
     def template(self) -> str | None:
@@ -309,17 +317,26 @@ def consumer_video(data: bytes, rule: CountingRule) -> Any:
     return torch.nn.functional.interpolate(video.float(), size=(height, width), mode="bicubic", align_corners=False)
 
 
-def video_processor_kwargs(rule: CountingRule | None, processor: Any, clips: Sequence[Any]) -> dict[str, Any]:
-    """How the processor's video processor takes a sample's clips: as they are (the frame cache's, or
-    those the consumer sampled under Qwen2-VL's media plugin), or as Qwen3-VL's plugin hands them over:
-    each said to be a clip of `video_fps` frames per second (the processor's attribute, else 24) with its
-    own frame count, the video processor's frame sampling left as the processor sets it. Qwen3-VL's then
-    samples its `fps` frames per second of such a clip again (at 2 and 24: one frame in 12, at least its
-    `min_frames`) and prints each temporal patch's time from the frames it kept and that rate.
+
+def qwen3_plugin_clip_text(processor: Any, clip: Any) -> str:
+    """The text Qwen3-VL's media plugin writes for a clip of the frames the consumer sampled, in place of
+    its `<|vision_start|><|video_pad|><|vision_end|>`.
+
+    The plugin hands the frames to the processor's video processor as a clip of `video_fps` frames per
+    second (the processor's attribute, else 24) and leaves its frame sampling as the processor sets it:
+    Qwen3-VL's samples its `fps` frames per second of such a clip again (at 2 and 24: one frame in 12,
+    at least its `min_frames`). Per temporal patch of the frames it kept, the plugin writes the patch's
+    time (its frames' indices over that rate, averaged, to a tenth of a second) and the patch's tokens
+    between the vision markers; the consumer tokenises that text itself, whatever the processor's own
+    expansion of a clip would be.
     """
-    if rule is None or not rule.resizes_media or not rule.consumer_template.qwen3_plugin:
-        return {"do_sample_frames": False}
     from transformers.video_utils import VideoMetadata
 
+    merge_size = processor.image_processor.merge_size
     fps = getattr(processor, "video_fps", QWEN3_PLUGIN_VIDEO_FPS)
-    return {"video_metadata": [VideoMetadata(total_num_frames=len(clip), fps=fps) for clip in clips]}
+    metadata = VideoMetadata(total_num_frames=len(clip), fps=fps)
+    processed = processor.video_processor(videos=[clip], video_metadata=[metadata], return_metadata=True)
+    grid, kept = processed["video_grid_thw"][0], processed["video_metadata"][0]
+    patch = "<|vision_start|>" + "<|video_pad|>" * (int(grid[1] * grid[2]) // merge_size ** 2) + "<|vision_end|>"
+    times = patch_times(list(kept.frames_indices), kept.fps or QWEN3_PLUGIN_VIDEO_FPS, merge_size, "mean-tenths")
+    return "".join(f"<{time} seconds>{patch}" for time in times[:int(grid[0])])

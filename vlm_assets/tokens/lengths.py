@@ -35,7 +35,7 @@ from vlm_assets.catalog.messages import split_on_placeholders
 from vlm_assets.catalog.schema import STATUS_OK, STATUS_REJECTED
 from vlm_assets.config import FrameCacheConfig
 from vlm_assets.media.video_probe import SampledFrames
-from vlm_assets.tokens.consumer import CountingRule, consumer_video, video_processor_kwargs
+from vlm_assets.tokens.consumer import CLIP_MARKUP, CountingRule, consumer_video, qwen3_plugin_clip_text
 from vlm_assets.tokens.image_tokens import ImageExpansion, image_token_arithmetic, marked_token_ids
 from vlm_assets.tokens.text import ProcessorText, TextCounter, control_token_in
 from vlm_assets.tokens.video_tokens import (
@@ -342,7 +342,9 @@ class LengthCounter:
         except Exception as error:  # a template, a file or a decoder refusing the sample
             _raise_if_machine_failure(error, sample)
             return LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error}")
-        video_kwargs = video_processor_kwargs(self.rule, self.processor, videos) if videos else {}
+        if videos and self.rule is not None and self.rule.plugin_writes_clips:
+            return self._count_plugin_clips(sample, text, videos)
+        video_kwargs: dict[str, Any] = {"do_sample_frames": False} if videos else {}
         if metadata:
             video_kwargs["video_metadata"] = metadata
         try:
@@ -354,6 +356,18 @@ class LengthCounter:
         except Exception as error:
             return LengthResult.rejected(sample.sample_id, self._call_failure(error, sample, images, videos, metadata))
         return self._split_counts(sample, encoded["input_ids"][0])
+
+    def _count_plugin_clips(self, sample: SampleForLength, text: str, clips: list[Any]) -> LengthResult:
+        """A sample whose clips the consumer's media plugin writes into its text (Qwen3-VL's), each in place
+        of the next clip's markup, the whole then tokenised by the tokenizer alone, as the consumer does."""
+        video_refs = [ref for ref, kind in zip(sample.media_refs, sample.media_kinds) if kind == "video"]
+        for ref, clip in zip(video_refs, clips, strict=True):
+            try:
+                clip_text = qwen3_plugin_clip_text(self.processor, clip)
+            except Exception as error:  # the video processor refusing the clip
+                return LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error} (video {ref})")
+            text = text.replace(CLIP_MARKUP, clip_text, 1)
+        return self._split_counts(sample, self.processor.tokenizer(text)["input_ids"])
 
     def _image(self, ref: str) -> Any:
         """The image's pixels at the size they reach the processor."""
@@ -376,10 +390,9 @@ class LengthCounter:
                 return f"{type(media_error).__name__}: {media_error} (image {ref})"
         for ref, clip, clip_metadata in zip(video_refs, videos, metadata or [None] * len(videos)):
             try:
-                clip_kwargs = video_processor_kwargs(self.rule, self.processor, [clip])
-                if clip_metadata:
-                    clip_kwargs["video_metadata"] = [clip_metadata]
-                self.processor.video_processor(videos=[clip], return_tensors="pt", **clip_kwargs)
+                self.processor.video_processor(videos=[clip], do_sample_frames=False,
+                                               video_metadata=[clip_metadata] if clip_metadata else None,
+                                               return_tensors="pt")
             except Exception as media_error:
                 return f"{type(media_error).__name__}: {media_error} (video {ref})"
         return f"{PROCESSOR_CALL_FAILED} ({self.modalities.processor_class}): {type(error).__name__}: {error}"
