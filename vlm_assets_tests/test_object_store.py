@@ -366,6 +366,7 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
         demo_config_path, reference_run, tmp_path, bucket):
     """Every source (jsonl, wds and flat_dir) on the S3 server and `storage.root` there too, through two concurrent
     `vlm-assets run`s (two Dagster instances, one working copy)."""
+    from vlm_assets.orchestration.worker_output import log_folder
     from vlm_assets_tests.run_support import run, site_config, start_run
 
     sources = load_config(demo_config_path).sources
@@ -412,7 +413,7 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
                for key in differing), differing
     assert any(key.startswith(f"packed_wds/{video.name}/.nv-meta/") for key in expected)
     logs = "".join(path.read_text(errors="replace") for folder in ("home", "home2")
-                   for path in (tmp_path / "site" / folder / "logs").glob("*.log"))
+                   for path in log_folder(tmp_path / "site" / folder).glob("*.log"))
     for source in raw["sources"]:
         assert f"loaded from msc://_s3-{bucket}/outputs/packed_wds/{source['name']}" in logs
 
