@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import os
 import shutil
 import signal
@@ -134,7 +135,8 @@ def _echo(line: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlm-assets", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {importlib.metadata.version('vlm-assets')}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser(
         "run", help="materialise the asset graph (or a selection and its upstream) through Dagster",
@@ -162,8 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "(`vlm-assets worker`; needs $VLM_ASSETS_CELERY_BROKER)")
     run.set_defaults(func=_cmd_run)
 
-    demo = commands.add_parser("demo", help="write the deterministic demo dataset and its config")
-    demo.add_argument("directory", help="where to write it")
+    demo = commands.add_parser(
+        "demo", help="write the deterministic demo dataset and its config",
+        description="Write the demo dataset (three sources: images, a video, a WebDataset tar) and its config, "
+        "DIRECTORY/vlm_assets.yaml, for `vlm-assets run --config`. Files whose bytes are already there are not "
+        "rewritten, and a vlm_assets.yaml you edited is kept.")
+    demo.add_argument("directory", help="where to write it (created if missing)")
     demo.set_defaults(func=_cmd_demo)
 
     for module in ("vlm_assets.package.cli", "vlm_assets.frames.cli", "vlm_assets.scale_out.cli"):

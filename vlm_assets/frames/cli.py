@@ -11,9 +11,15 @@ from vlm_assets.layout import StorageLayout
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    frames = subparsers.add_parser("frames", help="read the video frame cache")
-    actions = frames.add_subparsers(dest="frames_command", required=True)
-    get = actions.add_parser("get", help="write a cached video's sampled frames as images")
+    frames = subparsers.add_parser(
+        "frames", help="read the video frame cache",
+        description="Read the video frame cache that `vlm-assets run` builds (frame_cache_shard, frame_cache_index).")
+    actions = frames.add_subparsers(dest="frames_command", required=True, metavar="COMMAND")
+    get = actions.add_parser(
+        "get", help="write a cached video's sampled frames as images",
+        description="Write the frames the cache holds for one video into the --out folder as frame_00.png …, and "
+        "print which of the video's frames they are. Exit codes: 0 written; 1 the video is not in the cache or the "
+        "cache cannot be read.")
     get.add_argument("video", help="media key of the video, e.g. demo_video/clips/a.mp4")
     get.add_argument("--out", required=True, type=Path, help="directory for frame_00.png …")
     get.add_argument("--config", default=None, help="config file (default: $VLM_ASSETS_CONFIG or vlm_assets.yaml)")

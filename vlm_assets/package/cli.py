@@ -210,7 +210,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     new.add_argument("--force", action="store_true", help="overwrite an existing recipe")
     new.set_defaults(func=_guarded(_new))
 
-    pack = commands.add_parser("pack", help="build a package from a recipe or from the app config's package section")
+    pack = commands.add_parser(
+        "pack", help="build a package from a recipe or from the app config's package section",
+        description="Build a package: the recipe's data (or, with --config, what the config's `package:` section "
+        "describes) with manifest.json listing every file's role, size and sha256, compressed as the recipe says.")
     pack.add_argument("recipe", nargs="?", help="recipe YAML (see `package new`)")
     pack.add_argument("--config", help="app config: package what its `package:` section describes instead of a recipe")
     pack.add_argument("-o", "--output", help="package file, or an s3:// URL to upload it to (default: <name>.nnpkg[.zst] "
@@ -235,6 +238,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     extract = commands.add_parser(
         "extract",
         help="verify and safely extract (refuses absolute paths, '..', links, devices, unlisted members)",
+        description="Verify the package against its manifest while extracting it into a folder, refusing absolute "
+        "paths, '..', links, devices and members the manifest does not list; a failed extraction leaves the folder "
+        "as it was.",
     )
     extract.add_argument("package", help="package file, or its s3:// URL (streamed, never downloaded whole)")
     extract.add_argument(

@@ -24,7 +24,11 @@ WORKER_ARGS = (
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     worker = subparsers.add_parser(
-        "worker", help="execute celery runs and steps (Celery worker; needs $VLM_ASSETS_CELERY_BROKER)")
+        "worker", help="execute celery runs and steps (Celery worker; needs $VLM_ASSETS_CELERY_BROKER)",
+        description="Start a Celery worker on $VLM_ASSETS_CELERY_BROKER that executes the runs of "
+        "`vlm-assets run --executor celery` and the steps of the runs the daemon or the UI launch. It opens the "
+        "config's Dagster instance, which must be the one the runs are on (a shared PostgreSQL for workers on other "
+        "machines), and runs until stopped.")
     worker.add_argument("--config", default=os.environ.get(CONFIG_ENV_VAR),
                         help=f"config YAML, the same file the runs use (default ${CONFIG_ENV_VAR})")
     worker.add_argument("--concurrency", type=whole_number(minimum=1), default=None,
