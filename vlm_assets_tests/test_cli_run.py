@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -48,6 +49,29 @@ def test_run_materialises_the_whole_demo_graph_through_the_instance(reference_ru
     assert "frame_cache_shard" not in rerun.stdout
     with tarfile.open(next((root / "packed_wds" / "demo_wds").glob("pretrain-*.tar"))) as shard:
         assert all(member.mtime == 0 and member.uid == 0 for member in shard.getmembers())
+
+
+# The demo's small sources cannot fill their 8,192-token bins: packing_bins' fill_ratio check warns.
+FILL_RATIO_WARNING = re.compile(
+    r"^  ✗ check packing_bins:fill_ratio FAILED \(WARN\)(?P<when>.*?): (?P<finding>fill ratio \d\.\d\d \([\d,]+ tokens "
+    r"in \d+ bins? of sample\.max_token_len [\d,]+\), below packing\.min_fill_ratio [\d.]+; .+)$", re.MULTILINE)
+
+
+def test_a_warning_says_what_it_found_and_what_to_do_and_an_unchanged_rerun_says_it_again(reference_run):
+    first = reference_run.result.stdout
+    found = [match["finding"] for match in FILL_RATIO_WARNING.finditer(first)]
+    assert found and first.count("FAILED (WARN)") == len(found), first
+    assert all("lower packing.min_fill_ratio" in finding for finding in found)
+    assert sorted(line.split("): ", 1)[1] for line in first.splitlines() if line.startswith("  WARNING:")) == sorted(found)
+    rerun = vlm_assets("run", "--config", str(reference_run.config), "--select", "packing_bins",
+                       env={"DAGSTER_HOME": str(reference_run.home)})
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert "▶" not in rerun.stdout, "everything is up to date"
+    again = list(FILL_RATIO_WARNING.finditer(rerun.stdout))
+    assert sorted(match["finding"] for match in again) == sorted(found)
+    assert {match["when"] for match in again} == {" in its last build"}
+    assert f"{len(found)} check warning(s)" in rerun.stdout
+    assert sorted(line.split("): ", 1)[1] for line in rerun.stderr.splitlines() if "WARNING:" in line) == sorted(found)
 
 
 def test_run_with_a_bad_config_names_the_key_and_exits_non_zero(tmp_path):

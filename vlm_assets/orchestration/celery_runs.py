@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from vlm_assets.config import ConfigError
 from vlm_assets.defs.executor import CELERY_BROKER_ENV, broker_url
-from vlm_assets.orchestration.task import Submission, TaskOutcome, execute_task
+from vlm_assets.orchestration.task import CheckOutcome, Submission, TaskOutcome, execute_task
 from vlm_assets.package.writer import sha256_file
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def execute_on_workers(config_path: str, asset: str, partition: str | None, log_
                     return TaskOutcome(asset, partition, failure=f"{'; '.join(lost)}; not sent again after {RUN_ATTEMPTS} attempts")
             except Exception as error:  # the worker could not run it: a config error, ...
                 return TaskOutcome(asset, partition, failure=f"{error} ({type(error).__name__} on a Celery worker)")
-    fields["checks"] = [tuple(check) for check in fields["checks"]]
+    fields["checks"] = [CheckOutcome(*check) for check in fields["checks"]]
     fields["retried"] = [f"{reason}; sent again" for reason in lost]
     return TaskOutcome(**fields)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from vlm_assets.config import AppConfig
 from vlm_assets.layout import StorageLayout
-from vlm_assets.orchestration.task import TaskOutcome
+from vlm_assets.orchestration.task import CheckOutcome, TaskOutcome
 from vlm_assets.wording import plural
 
 
@@ -34,14 +34,33 @@ def report_outcome(outcome: TaskOutcome, summary: RunSummary, echo: Callable[[st
     if outcome.materialized:
         summary.materialized.append(outcome.label)
         echo(f"  ✓ materialised {outcome.label}")
-    for name, passed, severity in outcome.checks:
-        echo(f"  {'✓' if passed else '✗'} check {outcome.asset}:{name} {'passed' if passed else f'FAILED ({severity})'}")
-    summary.failed_checks.extend(f"{outcome.asset}:{name} ({outcome.label})" for name in outcome.failed_checks)
-    summary.check_warnings.extend(f"{outcome.asset}:{name} ({outcome.label})" for name in outcome.warned_checks)
+    for check in outcome.checks:
+        echo(f"  ✓ check {outcome.asset}:{check.name} passed" if check.passed else _failed_check_line(outcome.asset, check))
+    summary.failed_checks.extend(_summary_line(outcome, check) for check in outcome.failed_checks)
+    summary.check_warnings.extend(_summary_line(outcome, check) for check in outcome.warned_checks)
     if not outcome.success:
         where = f"; full log: {outcome.log_path}" if outcome.log_path else ""
         summary.failed_runs.append(f"{outcome.label}: {outcome.failure}" + (f" (run {outcome.run_id}{where})" if outcome.run_id else ""))
         echo(f"  ✗ {outcome.label} failed: {outcome.failure}{where}")
+
+
+def report_up_to_date(outcome: TaskOutcome, summary: RunSummary, echo: Callable[[str], None]) -> None:
+    """An asset partition not run again: its WARN checks that failed when it was built still stand,
+    so they are reported as this run's warnings (passing checks are not repeated)."""
+    summary.up_to_date.append(outcome.label)
+    echo(f"= {outcome.label}: up to date")
+    for check in outcome.warned_checks:
+        echo(_failed_check_line(outcome.asset, check, when=" in its last build"))
+    summary.check_warnings.extend(_summary_line(outcome, check) for check in outcome.warned_checks)
+
+
+def _failed_check_line(asset: str, check: CheckOutcome, when: str = "") -> str:
+    return (f"  ✗ check {asset}:{check.name} FAILED ({check.severity}){when}"
+            + (f": {check.description}" if check.description else ""))
+
+
+def _summary_line(outcome: TaskOutcome, check: CheckOutcome) -> str:
+    return f"{outcome.asset}:{check.name} ({outcome.label})" + (f": {check.description}" if check.description else "")
 
 
 def print_outputs(app: AppConfig, echo: Callable[[str], None] = print) -> None:

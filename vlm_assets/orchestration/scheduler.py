@@ -36,10 +36,10 @@ from vlm_assets.defs.tags import ASSET_TAG, LAUNCHED_BY_TAG
 from vlm_assets.layout import StorageLayout
 from vlm_assets.orchestration.freshness import Freshness, State
 from vlm_assets.orchestration.instance import built_sources, prepare_instance
-from vlm_assets.orchestration.report import RunSummary, report_outcome
+from vlm_assets.orchestration.report import RunSummary, report_outcome, report_up_to_date
 from vlm_assets.orchestration.progress_view import ProgressView
 from vlm_assets.orchestration.selection import GraphShape, Selection, graph_shape, selection_of, upstream_partitions
-from vlm_assets.orchestration.task import IN_WORKER_PROCESS, Submission, TaskOutcome, label
+from vlm_assets.orchestration.task import IN_WORKER_PROCESS, Submission, TaskOutcome, checks_of_latest_build, label
 from vlm_assets.orchestration.worker_output import log_folder
 from vlm_assets.orchestration.workers import WorkerPool, start_workers
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR
@@ -223,8 +223,8 @@ def run_graph(
                     waiting.discard(node)
                     if freshness.up_to_date(*node):
                         scheduler.state[node] = "up_to_date"
-                        summary.up_to_date.append(label(*node))
-                        echo(f"= {label(*node)}: up to date")
+                        last_build = TaskOutcome(*node, success=True, checks=checks_of_latest_build(instance, *node))
+                        report_up_to_date(last_build, summary, echo)
                         continue
                     scheduler.state[node] = "running"
                     launch.append(node)

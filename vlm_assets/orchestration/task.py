@@ -11,12 +11,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import dagster as dg
 
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.defs.failures import failure_of
-from vlm_assets.defs.resources import VlmConfig
+from vlm_assets.defs.resources import VlmConfig, latest_materialization
 from vlm_assets.defs.tags import ALIVE_TAG, ASSET_TAG, FORCE_TAG, LAUNCHED_BY_CLI, LAUNCHED_BY_TAG
 from vlm_assets.locks import process_token
 from vlm_assets.orchestration.instance import open_instance
@@ -33,6 +34,20 @@ def label(asset: str, partition: str | None) -> str:
     return asset + (f" [{partition}]" if partition else "")
 
 
+class CheckOutcome(NamedTuple):
+    name: str
+    passed: bool
+    severity: str  # ERROR or WARN
+    description: str  # what the check found, and for a failed one what to do; "" when it says nothing
+
+    @classmethod
+    def of(cls, evaluation: dg.AssetCheckEvaluation) -> CheckOutcome:
+        # A check that gives no description (or one recorded before it gave one) still shows its figures.
+        figures = ", ".join(f"{key} {entry.value:g}" for key, entry in evaluation.metadata.items()
+                            if isinstance(entry.value, (int, float)) and not isinstance(entry.value, bool))
+        return cls(evaluation.check_name, evaluation.passed, evaluation.severity.value, evaluation.description or figures)
+
+
 @dataclass
 class TaskOutcome:
     asset: str
@@ -40,7 +55,7 @@ class TaskOutcome:
     run_id: str = ""
     success: bool = False
     materialized: bool = False
-    checks: list[tuple[str, bool, str]] = field(default_factory=list)  # (name, passed, severity)
+    checks: list[CheckOutcome] = field(default_factory=list)
     failure: str = ""  # root cause, one line
     log_path: str = ""
     retried: list[str] = field(default_factory=list)  # why it was sent again (a lost Celery worker)
@@ -50,12 +65,12 @@ class TaskOutcome:
         return label(self.asset, self.partition)
 
     @property
-    def failed_checks(self) -> list[str]:
-        return [name for name, passed, severity in self.checks if not passed and severity == "ERROR"]
+    def failed_checks(self) -> list[CheckOutcome]:
+        return [check for check in self.checks if not check.passed and check.severity == "ERROR"]
 
     @property
-    def warned_checks(self) -> list[str]:
-        return [name for name, passed, severity in self.checks if not passed and severity == "WARN"]
+    def warned_checks(self) -> list[CheckOutcome]:
+        return [check for check in self.checks if not check.passed and check.severity == "WARN"]
 
 
 # Executes one task: (config path, asset, partition, log folder, processes, force) -> its outcome.
@@ -115,8 +130,7 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
         if event.event_type_value == "ASSET_MATERIALIZATION":
             outcome.materialized = True
         elif event.event_type_value == "ASSET_CHECK_EVALUATION":
-            evaluation = event.event_specific_data
-            outcome.checks.append((evaluation.check_name, evaluation.passed, evaluation.severity.value))
+            outcome.checks.append(CheckOutcome.of(event.event_specific_data))
         elif not outcome.failure:
             outcome.failure = failure_of(event) or ""
     if not result.success:
@@ -126,6 +140,16 @@ def execute_task(config_path: str, asset: str, partition: str | None, log_dir: s
 
 
 IN_WORKER_PROCESS = Submission(execute_task)
+
+
+def checks_of_latest_build(instance: dg.DagsterInstance, asset: str, partition: str | None) -> list[CheckOutcome]:
+    """The checks evaluated in the run that made the asset partition's latest materialisation: what an
+    up-to-date asset partition, not run again, was last found to be."""
+    record = latest_materialization(instance, asset, partition)
+    if record is None:
+        return []
+    entries = instance.all_logs(record.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+    return [CheckOutcome.of(entry.dagster_event.event_specific_data) for entry in entries]
 
 
 def write_run_log(instance: dg.DagsterInstance, run_id: str, log_dir: Path) -> Path:

@@ -59,12 +59,31 @@ def packing_bins_results(
         metadata={"oversized_bins": len(oversized), "examples": dg.MetadataValue.json(oversized[:10])},
     )
     ratio = bins.fill_ratio(app.sample.max_token_len)
+    passed = ratio >= app.packing.min_fill_ratio or not bins.bins
     yield dg.AssetCheckResult(
         check_name="fill_ratio",
-        passed=ratio >= app.packing.min_fill_ratio or not bins.bins,
+        passed=passed,
         severity=dg.AssetCheckSeverity.WARN,
+        description=_fill_ratio_finding(ratio, bins, app, passed),
         metadata={"fill_ratio": ratio, "min_fill_ratio": app.packing.min_fill_ratio, "bins": bins.bins},
     )
+
+
+def _fill_ratio_finding(ratio: float, bins: BinsOnDisk, app: AppConfig, passed: bool) -> str:
+    """The fill ratio against its minimum, and for one below it what would raise it."""
+    if not bins.bins:
+        return "no bins: nothing packed to fill"
+    found = (f"fill ratio {ratio:.2f} ({bins.tokens:,} tokens in {plural(bins.bins, 'bin')} of sample.max_token_len "
+             f"{app.sample.max_token_len:,})")
+    if passed:
+        return f"{found}, at least packing.min_fill_ratio {app.packing.min_fill_ratio:g}"
+    if bins.tokens < app.sample.max_token_len:
+        remedy = ("the whole source holds fewer tokens than one bin: give it more samples, lower sample.max_token_len, "
+                  "or lower packing.min_fill_ratio to accept a small source's padding")
+    else:
+        remedy = ("the rest of the bins' capacity is padding: lower sample.max_token_len towards the samples' lengths "
+                  "so that they pack tighter, or lower packing.min_fill_ratio to accept the padding")
+    return f"{found}, below packing.min_fill_ratio {app.packing.min_fill_ratio:g}; {remedy}"
 
 
 def shard_members_result(shards: list[Path], jsonl_path: Path, processes: int, checked: CheckedShards) -> dg.AssetCheckResult:
