@@ -75,7 +75,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             from vlm_assets.orchestration.celery_runs import CELERY
             from vlm_assets.orchestration.instance import open_instance
             from vlm_assets.orchestration.progress_view import ProgressView
-            from vlm_assets.orchestration.report import print_outputs
+            from vlm_assets.orchestration.report import print_outputs, samples_by_source
             from vlm_assets.orchestration.scheduler import run_graph
             from vlm_assets.orchestration.task import IN_WORKER_PROCESS
 
@@ -84,7 +84,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             summary = run_graph(defs, app, instance, select, echo=_echo, workers=workers, force=args.force,
                                 log_dir=log_folder(home), submission=IN_WORKER_PROCESS if in_worker_processes else CELERY,
                                 pool=pool, progress=ProgressView(progress_dir))
+            by_source = samples_by_source(app, instance)
     print_outputs(app)
+    print("\n".join(by_source))
     print(f"{summary.runs} run(s), {len(summary.materialized)} materialisation(s), {len(summary.up_to_date)} up to date, "
           f"{len(summary.failed_runs)} failed run(s), {len(summary.failed_checks)} failed check(s), "
           f"{len(summary.check_warnings)} check warning(s), "

@@ -4,12 +4,14 @@ import re
 import subprocess
 import sys
 import tarfile
+from collections import Counter
 from pathlib import Path
 
 import dagster as dg
 import pandas as pd
 import pytest
 
+from vlm_assets.catalog.table import reason_kind
 from vlm_assets_tests.run_support import site_config
 
 pytestmark = pytest.mark.processes
@@ -72,6 +74,39 @@ def test_a_warning_says_what_it_found_and_what_to_do_and_an_unchanged_rerun_says
     assert {match["when"] for match in again} == {" in its last build"}
     assert f"{len(found)} check warning(s)" in rerun.stdout
     assert sorted(line.split("): ", 1)[1] for line in rerun.stderr.splitlines() if "WARNING:" in line) == sorted(found)
+
+
+SOURCE_LINE = re.compile(r"^  (?P<source>\w+): (?P<packed>\d+) packed, (?P<rejected>\d+) rejected(?:: (?P<reasons>.+))?$")
+
+
+def samples_by_source(stdout: str) -> dict[str, re.Match]:
+    lines = stdout.splitlines()
+    start = next(number for number, line in enumerate(lines) if line.startswith("samples by source, "))
+    matches = [SOURCE_LINE.match(line) for line in lines[start + 1:]]
+    return {match["source"]: match for match in matches[:matches.index(None)] if match}
+
+
+def test_the_summary_counts_each_source_packed_and_rejected_with_its_commonest_reasons(reference_run):
+    counted = samples_by_source(reference_run.result.stdout)
+    assert set(counted) == {"demo_images", "demo_video", "demo_wds"}
+    for source, line in counted.items():
+        bins = pd.read_parquet(reference_run.root / "packing" / f"{source}.bins.parquet")
+        rejects = pd.read_parquet(reference_run.root / "packing" / f"{source}.rejects.parquet")
+        assert int(line["packed"]) == sum(len(ids) for ids in bins.sample_ids)
+        assert int(line["rejected"]) == len(rejects) > 0
+        # The commonest first; what is not named is counted, so every rejected sample is in the line.
+        reasons = line["reasons"]
+        commonest = Counter(map(reason_kind, rejects.reason)).most_common(1)[0][1]
+        assert reasons.startswith(f"{commonest} × "), reasons
+        named = sum(int(count) for count in re.findall(r"(?:^|; )(\d+) × ", reasons))
+        more = re.search(r"; \d+ more reasons? \((\d+) samples?\)$", reasons)
+        assert named + (int(more[1]) if more else 0) == len(rejects), reasons
+    # A summary that packs nothing counts them still, as they were last packed.
+    rerun = vlm_assets("run", "--config", str(reference_run.config), "--select", "sample_catalog",
+                       env={"DAGSTER_HOME": str(reference_run.home)})
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert {source: line[0] for source, line in samples_by_source(rerun.stdout).items()} == {
+        source: line[0] for source, line in counted.items()}
 
 
 def test_run_with_a_bad_config_names_the_key_and_exits_non_zero(tmp_path):

@@ -10,6 +10,7 @@ import dagster as dg
 
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.parquet_batches import parquet_batches
+from vlm_assets.wording import plural
 
 ERRNO_MESSAGE = re.compile(r"\[Errno \d+\] (?P<reason>[^:']+): '(?P<path>[^']*)'")
 
@@ -41,7 +42,7 @@ def failure_of(event: dg.DagsterEvent) -> str | None:
     return root_cause(event.event_specific_data.error) if event.event_type in FAILURE_EVENT_TYPES else None
 
 
-# Reasons named in the one line of a step that left a source without samples.
+# Reasons named in one line: a step's that left a source without samples, a source's in a run's summary.
 NAMED_REASONS = 3
 REASON_BATCH_ROWS = 65536
 
@@ -62,6 +63,14 @@ def nothing_left(source: str, step: str, reasons: Counter[str], reasons_md: str)
     """The failure of the step after which a source has no sample left: here, not at a later step
     that would find nothing to write. Its commonest reasons in the line, all of them in the metadata."""
     total = sum(reasons.values())
+    return dg.Failure(
+        description=f"{source}: no sample left after {step} ({total} rejected): {commonest_reasons(reasons) or 'no records'}",
+        metadata={"rejected": total, "rejects_by_reason": dg.MetadataValue.md(reasons_md)},
+    )
+
+
+def commonest_reasons(reasons: Counter[str], named: int = NAMED_REASONS) -> str:
+    """The `named` commonest reasons in one line, each with its count ("" for none)."""
     # Reasons that differ only in their numbers (each sample's own length) count as one, shown by an example.
     grouped: Counter[str] = Counter()
     example: dict[str, str] = {}
@@ -69,9 +78,9 @@ def nothing_left(source: str, step: str, reasons: Counter[str], reasons_md: str)
         shape = re.sub(r"\d+", "N", reason)
         grouped[shape] += count
         example.setdefault(shape, reason)
-    named = "; ".join(f"{count} × {example[shape]}" + (" (and the like)" if count > reasons[example[shape]] else "")
-                      for shape, count in grouped.most_common(NAMED_REASONS)) or "no records"
-    return dg.Failure(
-        description=f"{source}: no sample left after {step} ({total} rejected): {named}",
-        metadata={"rejected": total, "rejects_by_reason": dg.MetadataValue.md(reasons_md)},
-    )
+    ranked = grouped.most_common()
+    line = "; ".join(f"{count} × {example[shape]}" + (" (and the like)" if count > reasons[example[shape]] else "")
+                     for shape, count in ranked[:named])
+    rest = ranked[named:]
+    return line + (f"; {plural(len(rest), 'more reason')} ({plural(sum(count for _, count in rest), 'sample')})"
+                   if rest else "")

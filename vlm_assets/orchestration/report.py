@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import dagster as dg
+
+from vlm_assets.catalog.table import reason_kind
 from vlm_assets.config import AppConfig
+from vlm_assets.defs.failures import commonest_reasons, reasons_in
+from vlm_assets.defs.resources import latest_materialization
 from vlm_assets.layout import StorageLayout
 from vlm_assets.orchestration.task import CheckOutcome, TaskOutcome
 from vlm_assets.wording import plural
@@ -72,3 +78,26 @@ def print_outputs(app: AppConfig, echo: Callable[[str], None] = print) -> None:
         if path.exists():
             count = sum(1 for item in path.rglob("*") if item.is_file())
             echo(f"  {path}  ({plural(count, 'file')})")
+
+
+def samples_by_source(app: AppConfig, instance: dg.DagsterInstance) -> list[str]:
+    """Per configured source, its samples packed and rejected, with the commonest reasons, as its
+    latest packing_bins recorded them: every record read ends up in one or the other."""
+    layout = StorageLayout(app.storage_root)
+    lines = [f"samples by source, as packing_bins last counted them (each rejected one with its reason: "
+             f"{layout.rejects('SOURCE')}):"]
+    for source in app.sources:
+        record = latest_materialization(instance, "packing_bins", source.name)
+        materialization = record.asset_materialization if record is not None else None
+        if materialization is None:
+            lines.append(f"  {source.name}: not packed yet")
+            continue
+        packed, rejected = (materialization.metadata[key].value for key in ("packed_samples", "rejected_samples"))
+        rejects = layout.rejects(source.name)
+        reasons: Counter[str] = Counter()
+        if rejected and rejects.exists():
+            for reason, count in reasons_in(rejects, status_column=None).items():
+                reasons[reason_kind(reason)] += count
+        lines.append(f"  {source.name}: {packed} packed, {rejected} rejected"
+                     + (f": {commonest_reasons(reasons)}" if reasons else ""))
+    return lines
