@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -445,6 +446,28 @@ def test_shard_members_are_checked_against_records_written_in_any_key_order(mix_
     reordered.write_text("".join(json.dumps(record, separators=(",", ":")) + "\n" for record in lines))
     [problem] = check_shard_members(list_shards(out), reordered).problems
     assert "whose members differ from their record" in problem and "img9.jpg" in problem
+
+
+def test_shard_members_are_read_as_webdataset_reads_them(mix_layout, tmp_path):
+    """A member the trainers' reader would not hand over (a link in place of a medium's bytes) is
+    missing from its sample, though Python's tarfile lists its name."""
+    jsonl = _write_packed(mix_layout, "mix", "packed_multi_mix_qa")
+    out = tmp_path / "mix"
+    write_source_shards(jsonl, mix_layout.catalog("mix"), out, maxcount=2)
+    shard = list_shards(out)[0]
+    with tarfile.open(shard) as archive:
+        members = [(member, archive.extractfile(member).read()) for member in archive.getmembers()]
+    linked = next(member for member, _ in members if not member.name.endswith(".json"))
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as archive:
+        for member, data in members:
+            if member is linked:
+                member = tarfile.TarInfo(member.name)
+                member.type, member.linkname = tarfile.SYMTYPE, "elsewhere.jpg"
+                archive.addfile(member)
+            else:
+                archive.addfile(member, io.BytesIO(data))
+    [problem] = check_shard_members(list_shards(out), jsonl).problems
+    assert "whose members differ from their record" in problem and linked.name.split(".", 1)[1] in problem
 
 
 def test_shards_checked_before_are_not_read_again_while_they_and_their_records_are_unchanged(mix_layout, tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import tarfile
 from collections import Counter
 from collections.abc import Iterable
 from typing import BinaryIO
@@ -80,8 +79,14 @@ def _id_problems(catalog_ids: list[str], packed: list[str], rejected: list[str])
 
 
 def _member_names(shard: Path) -> list[str]:
-    with tarfile.open(shard, "r:") as archive:
-        return archive.getnames()
+    """The shard's members as webdataset's own reader groups them into samples (`<key>.<suffix>`, in
+    the order it reads them): a reader of the trainers' side, independent of the writer's code, so a
+    name it would split into another key, or a member it would not read, shows here."""
+    from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    with open(shard, "rb") as stream:
+        samples = group_by_keys(tar_file_expander([{"stream": stream, "url": str(shard)}]))
+        return [f"{sample['__key__']}.{suffix}" for sample in samples for suffix in sample if not suffix.startswith("__")]
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,7 @@ class MemberCheck:
 def check_shard_members(shards: list[Path], jsonl_path: Path, processes: int = 1, checked: CheckedShards | None = None) -> MemberCheck:
     """The shards hold exactly the records of `packed_json`, each with exactly its members.
 
-    Python's tarfile reads the shards' member lists, `processes` shards at a time. With `checked`,
+    webdataset's reader reads the shards whole, `processes` shards at a time. With `checked`,
     a shard it holds unchanged whose lines in packed_json are unchanged too is taken as checked
     without being read, and `checked` then holds the shards of this check (none if it failed).
     """
