@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib.metadata
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -50,10 +51,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     home = ensure_dagster_home(Path(args.dagster_home) if args.dagster_home else default_home(app.path), project_dir(app.path))
     dagster = Path(sys.executable).parent / "dagster"  # the venv's, which a fresh shell has no PATH to
     if remember_for_dagster_dev(home, app.path):
-        print(f"Dagster instance: {home}  (see the runs with: cd {project_dir(app.path)} && {dagster} dev)", flush=True)
+        print(f"Dagster instance: {home}  (see the runs with: cd {shlex.quote(str(project_dir(app.path)))} && "
+              f"{shlex.quote(str(dagster))} dev)", flush=True)
     else:
-        print(f"Dagster instance: {home}  (see the runs with: DAGSTER_HOME={home} VLM_ASSETS_CONFIG={app.path} "
-              f"{dagster} dev)", flush=True)
+        # Started in the instance's own folder, which holds no .env: `dagster dev` reads the .env of the
+        # folder it starts in over the variables given, so a project's would show its own instance.
+        print(f"Dagster instance: {home}  (see the runs with: cd {shlex.quote(str(home))} && "
+              f"DAGSTER_HOME={shlex.quote(str(home))} {CONFIG_ENV_VAR}={shlex.quote(str(app.path))} "
+              f"{shlex.quote(str(dagster))} dev -m vlm_assets.definitions)", flush=True)
     # Before the workers start: each would wait out Dagster's connection retries on its own.
     require_reachable(home)
     if args.plan:

@@ -74,6 +74,29 @@ def test_run_from_anywhere_and_dagster_dev_in_the_project_use_one_instance(tmp_p
     assert f"DAGSTER_HOME={own}" in (project / ".env").read_text()
 
 
+def test_the_hint_for_an_instance_outside_the_projects_shows_that_instance_from_any_folder(tmp_path):
+    """A config outside any project, run with an instance of its own; its hint is then used in a project
+    whose .env names another instance: the printed command still shows the run's instance, though
+    `dagster dev` takes the .env of the folder it starts in over the variables it is given."""
+    import re
+
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(REPO / "workspace.yaml", project / "workspace.yaml")
+    (project / ".env").write_text(f"DAGSTER_HOME={tmp_path / 'the projects home'}\n")
+    config = write_demo(tmp_path / "outside" / "demo")
+    home = tmp_path / "its home"
+    planned = _cli(project, "run", "--config", str(config), "--dagster-home", str(home), "--plan",
+                   "--select", "sample_catalog[demo_images]")
+    assert planned.returncode == 0, planned.stdout[-3000:]
+    hint = re.search(r"\(see the runs with: (.*) dev -m vlm_assets\.definitions\)$", planned.stdout, re.MULTILINE)
+    assert hint, planned.stdout[:2000]
+    shown = subprocess.run(["bash", "-c", f"{hint.group(1)} instance info"], cwd=project,
+                           env=_without_instance_variables(), capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert f"$DAGSTER_HOME: {home}" in shown.stdout, shown.stdout
+
+
 INSTANCE_SETTINGS = "{ instance { runQueueConfig { maxConcurrentRuns } poolConfig { poolGranularity defaultPoolLimit } } }"
 
 
