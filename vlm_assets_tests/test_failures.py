@@ -36,3 +36,10 @@ def test_a_failure_counting_reasons_is_summarised_by_its_first_line_not_an_error
 def test_an_os_error_is_summarised_as_what_failed_on_which_path():
     cause = cause_of_failed_step(OSError(errno.ENOSPC, "No space left on device", "/data/vlm/lengths/a.parquet"))
     assert cause == "No space left on device: /data/vlm/lengths/a.parquet"
+
+
+def test_a_medium_changed_since_the_catalogue_is_summarised_by_its_own_message():
+    from vlm_assets.media.checks import MediumChanged
+
+    message = "/data/photos/5.png: unreadable since the catalogue was built (FileNotFoundError: No such file or directory)"
+    assert cause_of_failed_step(MediumChanged(message)) == message

@@ -15,6 +15,10 @@ from vlm_assets.wording import plural
 ERRNO_MESSAGE = re.compile(r"\[Errno \d+\] (?P<reason>[^:']+): '(?P<path>[^']*)'")
 
 
+# Errors of ours whose message says all: their class's name adds nothing to the line.
+SELF_EXPLAINED = frozenset({"Failure", "ConfigError", "MediumChanged"})
+
+
 def root_cause(error) -> str:
     """One line naming what went wrong: the first of the chained errors that is not Dagster's wrapper."""
     if error is None:
@@ -23,13 +27,13 @@ def root_cause(error) -> str:
         error = error.cause
     message = (error.message or "").strip()
     first = message.splitlines()[0] if message else error.cls_name
-    first = re.sub(r"^[\w.]+(Error|Exception|Failure): ", "", first)
+    first = re.sub(rf"^[\w.]+(Error|Exception|Failure|\.{re.escape(error.cls_name)}): ", "", first)
     # Only an OS error's own message is recast: one quoted further on (a rejected sample's reason, in a
     # failure that counts the reasons) is part of a message that says more from its start.
     found = ERRNO_MESSAGE.match(first)
     if found:
         return f"{found['reason']}: {found['path']}"
-    return first if error.cls_name in {"Failure", "ConfigError"} else f"{first} ({error.cls_name})"
+    return first if error.cls_name in SELF_EXPLAINED else f"{first} ({error.cls_name})"
 
 
 # The events whose error says why a run failed: a step's own, or its resources' (a storage root on an
