@@ -147,3 +147,18 @@ def test_a_medium_that_changed_or_vanished_since_the_catalogue_fails_the_chunk_n
     write_parquet(build_catalog(source), catalog)
     write_length_table(catalog, tmp_path / "again.parquet", model, frame_cache)
     assert pq.read_table(tmp_path / "again.parquet").to_pylist() == measured
+
+
+def test_a_decoders_error_is_the_samples_and_the_systems_is_the_machines():
+    """PyAV raises FFmpeg's failures as OSErrors with an errno (AVERROR(EPERM) as a PermissionError):
+    those are the sample's, a reject; the operating system's own are the machine's, the step fails."""
+    import errno
+
+    import av.error
+
+    from vlm_assets.media.checks import medium_read_failure
+
+    assert medium_read_failure(av.error.PermissionError(errno.EPERM, "Operation not permitted"), ["/v.avi"]) is None
+    assert medium_read_failure(ValueError("cannot identify image file"), ["/a.png"]) is None
+    missing = medium_read_failure(FileNotFoundError(errno.ENOENT, "No such file or directory", "/a.png"), ["/a.png"])
+    assert str(missing).startswith("/a.png: unreadable since the catalogue was built (FileNotFoundError")

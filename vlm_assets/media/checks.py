@@ -101,11 +101,12 @@ def verify_medium_stamp(ref: str, catalogued: str) -> None:
 
 def medium_read_failure(error: BaseException, refs: Sequence[str]) -> MediumChanged | None:
     """The MediumChanged a failure reading catalogued media (`refs`) stands for, or None when the
-    failure is the sample's own: an OS error with an errno (missing, denied, an I/O error) is the
-    machine's, and names its file where it knows it."""
+    failure is the sample's own: the operating system's error with an errno (missing, denied, an I/O
+    error) is the machine's, and names its file where it knows it. A decoder's error is the sample's,
+    even where it carries an errno (PyAV's errors are OSErrors with FFmpeg's codes)."""
     if isinstance(error, MediumChanged):
         return error
-    if isinstance(error, OSError) and error.errno is not None:
+    if isinstance(error, OSError) and error.errno is not None and type(error).__module__ == "builtins":
         where = error.filename or ", ".join(describe_ref(ref) for ref in refs)
         return MediumChanged(f"{where}: unreadable since the catalogue was built "
                              f"({type(error).__name__}: {error.strerror or error}); restore it, "
