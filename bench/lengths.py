@@ -1,7 +1,7 @@
 """Token-length throughput per model family: our LengthCounter vs calling the processor directly, as a trainer does.
 
     .venv/bin/python bench/lengths.py [--families qwen2_vl,gemma3] [--images 300] [--multi 100] [--videos 12]
-                                      [--repeats 3] [--direct-repeats 1] [--generated N]
+                                      [--repeats 3] [--direct-repeats 1] [--generated N] [--consumer-videos 48]
 
 Processors: the nine families of vlm_assets_tests/processor_families.py (Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
 LLaVA-OneVision, InternVL, Gemma3, LLaVA-NeXT, Mistral3, GLM-4.1V), built offline once per run in a temp dir.
@@ -31,6 +31,17 @@ counted there before timing, neither timed). Throughput is samples/s of that one
 --repeats passes for ours where the fast path counts the whole workload, and of one pass (--direct-repeats)
 for direct and for workloads ours counts by the exact path (those cost what direct costs). Every count is
 checked: status ok on both sides and the same token length; the first differing samples are printed.
+
+The consumer's default path (--consumer-videos, Qwen-VL families only): video children of packed_chat_mix
+under each of LoongForge's templates with its family's processor (qwen2-vl: Qwen2-VL and Qwen2.5-VL; qwen3-vl
+and qwen3-vl-hf: Qwen3-VL; qwen2.5-vl-hf: Qwen2.5-VL), trainer media settings at their defaults:
+  ours    LengthCounter(..., rule=CountingRule("packed_chat_mix", TrainerConfig(chat_template=...))).count:
+          each clip by its shape, from the view of it the catalogue recorded (media_views), where proven
+  loop    the consumer's own path written out plainly here (consumer_loop_length): Energon's decoder,
+          frames sampled and resized, the template's media plugin, the processor
+Video children per CPU-second of each, their ratio, ours' CPU against the catalogue's for the same source
+(its one decoding pass, with the mosaic spool), and equal counts (children both sides refuse, a clip
+Energon's decoder cannot seek, are counted apart).
 
 Two summaries close the run:
   images per core   the image workload from raw file to length on the fast path (header reads, EXIF
@@ -181,7 +192,8 @@ def catalogue(root: Path, workload: str, records: list[dict]) -> tuple[list[tupl
     frame = build_catalog(SourceConfig(workload, "flat_dir", directory, directory, allowed_roots=(root, SHARED)),
                           validator=validator)
     ok = frame[frame.status == "ok"]
-    samples = [(r.sample_id, r.messages, list(r.media_kinds), list(r.media_refs)) for r in ok.itertuples()]
+    samples = [(r.sample_id, r.messages, list(r.media_kinds), list(r.media_refs), list(r.media_views))
+               for r in ok.itertuples()]
     rejected = [(r.sample_id, r.reason) for r in frame[frame.status != "ok"].itertuples()]
     return samples, rejected
 
@@ -256,6 +268,12 @@ def measure(directory: str, method: str, samples: list[tuple], modalities: dict,
 
     one_pass(objects[:1])  # warm-up (lazy imports, first tokeniser and processor calls), not timed
     base_rss = peak_rss_kb()
+    timed = timed_passes(one_pass, objects, repeats)
+    results.put({**timed, "peak_rss_mb": peak_rss_kb() / 1024, "base_rss_mb": base_rss / 1024})
+
+
+def timed_passes(one_pass, objects: list, repeats: int) -> dict:
+    """`repeats` passes of `one_pass(objects)`: each one's wall and CPU seconds, and the last one's lengths."""
     times, cpu, lengths = [], [], []
     for _ in range(repeats):
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -264,9 +282,125 @@ def measure(directory: str, method: str, samples: list[tuple], modalities: dict,
         times.append(time.perf_counter() - start)
         after = resource.getrusage(resource.RUSAGE_SELF)
         cpu.append(after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime)
-    peak = peak_rss_kb()
-    results.put({"times": times, "cpu": cpu, "peak_rss_mb": peak / 1024, "base_rss_mb": base_rss / 1024,
-                 "lengths": lengths})
+    return {"times": times, "cpu": cpu, "lengths": lengths}
+
+
+# ---- the consumer's default video path ------------------------------------------------------------
+# LoongForge's templates for the Qwen-VL families, each with a processor of its family.
+CONSUMER_PAIRS = (("qwen2-vl", "qwen2_vl"), ("qwen2-vl", "qwen2_5_vl"), ("qwen3-vl", "qwen3_vl"),
+                  ("qwen2.5-vl-hf", "qwen2_5_vl"), ("qwen3-vl-hf", "qwen3_vl"))
+
+
+def consumer_loop_length(processor, rule, text: str, video: str) -> int:
+    """A video child's length by the consumer's own path, written out plainly: Energon's decoder counts the
+    clip's frames and rate; `fps` frames a second are sampled (within fps_min/max_frames and the clip, in
+    pairs), read by index and resized bicubically within the frame budget; then the template's media plugin:
+    Qwen2-VL's hands them to the processor with the text; Qwen3-VL's hands them to the video processor as
+    a clip of 24 frames a second and writes each temporal patch's time and tokens into the text, which the
+    tokenizer encodes. `text`: the child rendered by the template, its clip as Qwen-VL's vision markup."""
+    import io
+    import math
+
+    import torch
+    from megatron.energon.av import AVDecoder
+    from transformers.video_utils import VideoMetadata
+
+    from vlm_assets.tokens.consumer import smart_resize
+
+    trainer = rule.trainer
+    decoder = AVDecoder(io.BytesIO(Path(video).read_bytes()))
+    _duration, total = decoder.get_video_duration(get_frame_count=True)
+    wanted = total / decoder.get_video_fps() * trainer.fps
+    low, high = math.ceil(trainer.fps_min_frames / 2) * 2, math.floor(trainer.fps_max_frames / 2) * 2
+    count = math.floor(min(max(wanted, low), high, total) / 2) * 2
+    indices = torch.linspace(0, total - 1, count).round().long().tolist()
+    clips = decoder.get_clips(video_clip_ranges=[(index, index + 1) for index in indices], video_unit="frames")
+    frames = torch.stack([clip[0] for clip in clips.video_clips]).float()
+    height, width = smart_resize(frames.shape[2], frames.shape[3], 28, int(trainer.frame_min_pixels * 1.05),
+                                 min(trainer.frame_max_pixels, trainer.video_max_pixels / count * 2))
+    frames = torch.nn.functional.interpolate(frames, size=(height, width), mode="bicubic", align_corners=False)
+    if not rule.consumer_template.qwen3_plugin:
+        return len(processor(text=[text], videos=[frames], do_sample_frames=False)["input_ids"][0])
+    video_processor = processor.video_processor
+    out = video_processor(videos=[frames], video_metadata=[VideoMetadata(total_num_frames=len(frames), fps=24.0)],
+                          return_metadata=True)
+    grid, kept = out["video_grid_thw"][0], list(out["video_metadata"][0].frames_indices)
+    kept += kept[-1:] * (len(kept) % 2)
+    patch = "<|vision_start|>" + "<|video_pad|>" * (int(grid[1] * grid[2]) // video_processor.merge_size ** 2) \
+        + "<|vision_end|>"
+    clip_text = "".join(f"<{(kept[i] / 24 + kept[i + 1] / 24) / 2:.1f} seconds>{patch}" for i in range(0, len(kept), 2))
+    return len(processor.tokenizer(text.replace("<|vision_start|><|video_pad|><|vision_end|>", clip_text, 1))["input_ids"])
+
+
+def measure_consumer(directory: str, template: str, method: str, samples: list[tuple], modalities: dict,
+                     repeats: int, results: mp.Queue) -> None:
+    """Video children of packed_chat_mix under `template`: ours (LengthCounter.count, clips by their shape
+    from the catalogue's views where the probes proved it) or the consumer's loop."""
+    from vlm_assets.config import FrameCacheConfig, TrainerConfig
+    from vlm_assets.tokens.consumer import CountingRule
+    from vlm_assets.tokens.lengths import LengthCounter, Modalities, SampleForLength
+
+    processor = _load(directory)
+    # Energon warns, reading an MKV by frame index, that it seeks by time: the consumer reads it so too.
+    warnings.filterwarnings("ignore", message="Video container unit is frames", category=RuntimeWarning)
+    rule = CountingRule("packed_chat_mix", TrainerConfig(chat_template=template))
+    counter = LengthCounter(processor, FrameCacheConfig(), modalities=Modalities(**modalities), rule=rule)
+    objects = [SampleForLength(*sample) for sample in samples]
+    if method == "ours":
+        def one_pass(batch):
+            return [(r.sample_id, r.status, r.token_len, r.reason) for r in counter.count(batch)]
+    else:
+        def one_pass(batch):
+            rows = []
+            for sample in batch:
+                try:
+                    rows.append((sample.sample_id, "ok", consumer_loop_length(
+                        processor, counter.rule, counter.render(sample.messages), sample.media_refs[0]), ""))
+                except Exception as error:
+                    rows.append((sample.sample_id, "error", 0, f"{type(error).__name__}: {error}"))
+            return rows
+    one_pass(objects[:1])  # warm-up, not timed
+    results.put(timed_passes(one_pass, objects, repeats))
+
+
+def consumer_section(root: Path, families: list[str], directories: dict[str, str], count: int, videos: list[str],
+                     repeats: int) -> bool:
+    """The default consumer path's video children per CPU-second, ours against the consumer's loop, per
+    template and family, side by side; and ours' lengths against the catalogue's cost of the same source."""
+    records = make_records("video", count, [], videos, seed=7)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    samples, rejected = catalogue(root, "consumer_video", records)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    catalogue_cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+    print(f"consumer path (packed_chat_mix video children, the trainer's default media settings): {len(samples)} "
+          f"samples of {len(videos)} real clips, catalogued in {catalogue_cpu:.1f} CPU-s (its one decoding pass, "
+          f"the mosaic spool rendered; {len(rejected)} rejected)")
+    print(f"  {'template':<15}{'family':<12}{'ours/cpu-s':>11}{'loop/cpu-s':>11}{'ours/loop':>10}"
+          f"{'lengths/catalogue':>19}{'equal':>9}{'both refuse':>13}")
+    all_equal = True
+    for template, family in CONSUMER_PAIRS:
+        if family not in families:
+            continue
+        profile = in_process(profile_family, directories[family])
+        ours = in_process(measure_consumer, directories[family], template, "ours", samples, profile["modalities"],
+                          repeats)
+        loop = in_process(measure_consumer, directories[family], template, "loop", samples, profile["modalities"], 1)
+        equal, refused, differences = 0, 0, []
+        for mine, theirs in zip(ours["lengths"], loop["lengths"], strict=True):
+            if mine[1] == theirs[1] == "ok" and mine[2] == theirs[2]:
+                equal += 1
+            elif mine[1] != "ok" and theirs[1] != "ok":
+                refused += 1
+            else:
+                differences.append(f"{mine[0]}: ours {mine[2] or mine[3]}, loop {theirs[2] or theirs[3]}")
+        all_equal &= not differences
+        n = len(samples)
+        ours_cpu, loop_cpu = statistics.median(ours["cpu"]), statistics.median(loop["cpu"])
+        print(f"  {template:<15}{family:<12}{n / ours_cpu:>11.1f}{n / loop_cpu:>11.1f}{loop_cpu / ours_cpu:>9.0f}x"
+              f"{ours_cpu / catalogue_cpu:>18.2f}x{f'{equal}/{n - refused}':>9}{refused:>13}")
+        for line in differences[:SHOW_DIFFERENCES]:
+            print(f"    DIFFERS {line}")
+    return all_equal
 
 
 def peak_rss_kb() -> int:
@@ -349,6 +483,8 @@ def main() -> None:
                         help="generated images (default: images + 3 x multi, at most 300)")
     parser.add_argument("--repeats", type=int, default=3, help="passes of ours where the fast path counts it all")
     parser.add_argument("--direct-repeats", type=int, default=1, help="passes of direct (and of ours' exact path)")
+    parser.add_argument("--consumer-videos", type=int, default=48,
+                        help="video children for the consumer path's section (Qwen-VL families; 0 skips it)")
     args = parser.parse_args()
 
     from vlm_assets.tokens.lengths import Modalities
@@ -432,6 +568,9 @@ def main() -> None:
                     print(f"    ... and {len(differences) - SHOW_DIFFERENCES} more")
             print()
         summaries(images_per_core, peak_rss)
+        if args.consumer_videos > 0 and videos:
+            print()
+            all_equal &= consumer_section(root, families, directories, args.consumer_videos, videos, args.repeats)
     print(f"\nall counts equal: {'yes' if all_equal else 'NO'}; wall time {time.perf_counter() - started:.0f} s")
 
 

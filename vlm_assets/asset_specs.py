@@ -104,13 +104,13 @@ def _frame_settings(app: AppConfig) -> list[Any]:
 
 ASSET_SPECS: tuple[AssetSpec, ...] = (
     AssetSpec(
-        "sample_catalog", 6, "catalog", Partitioning.SOURCES, ("source_files",),
+        "sample_catalog", 7, "catalog", Partitioning.SOURCES, ("source_files",),
         settings=lambda app: [app.sample.text_key, app.frame_cache.num_frames],
         outputs=lambda layout, source, _app: [layout.catalog(source), layout.chunk_plan(source)],
         locks=_writes_source,
     ),
     AssetSpec(
-        "sample_length_chunk", 3, "catalog", Partitioning.SOURCE_CHUNKS, ("sample_catalog",),
+        "sample_length_chunk", 4, "catalog", Partitioning.SOURCE_CHUNKS, ("sample_catalog",),
         settings=_lengths_settings, reads_processor=True,
         # Kept in the chunk store for sample_lengths to assemble, not an output of its own.
         outputs=lambda _layout, _chunk, _app: [],

@@ -11,7 +11,7 @@ from vlm_assets.catalog.build import MediaValidator, iter_catalog_chunks
 from vlm_assets.catalog.schema import CATALOG_COLUMNS
 from vlm_assets.config import SourceConfig
 
-LIST_COLUMNS = ("media_files", "media_kinds", "media_refs", "media_keys", "media_stamps")
+LIST_COLUMNS = ("media_files", "media_kinds", "media_refs", "media_keys", "media_stamps", "media_views")
 
 
 def build_catalog(source: SourceConfig, text_key: str = "messages", validator: MediaValidator | None = None) -> pd.DataFrame:

@@ -49,7 +49,7 @@ def pack_frames(catalog: pd.DataFrame, lengths: pd.DataFrame, out: Path, sample_
     # What a record is made of, when the test leaves it out: no text, no media.
     catalog = catalog.assign(**{column: [default] * len(catalog) for column, default in
                                 (("messages", "[]"), ("media_files", []), ("media_kinds", []), ("media_refs", []),
-                                 ("media_keys", []), ("media_stamps", [])) if column not in catalog})
+                                 ("media_keys", []), ("media_stamps", []), ("media_views", [])) if column not in catalog})
     write_parquet(catalog, out / "catalog.parquet")
     write_parquet(lengths, out / "lengths.parquet")
     return pack_files(out / "catalog.parquet", out / "lengths.parquet", out, sample_type, max_token_len, append)

@@ -210,6 +210,21 @@ def test_unchanged_media_are_not_decoded_again(tmp_path, shared_data):
     assert sorted(Path(ref).name for ref in remembered) == ["b.avi", "c.jpg"]
 
 
+def test_each_video_records_what_the_trainers_decoder_makes_of_it_remembered_with_its_pass(tmp_path, shared_data):
+    """A video's view (Energon's frame count and rate, its frames' size) is kept with its check, so an
+    unchanged video keeps it undecoded; an AVI Energon's decoder cannot seek has none, an image none."""
+    source, media = _media_source(tmp_path, shared_data)
+    log_path = tmp_path / "checks.sqlite"
+    first, _validator = _build(source, log_path)
+    views = dict(zip(first.sample_id, first.media_views))
+    assert [list(views[f"s/{name}"]) for name in ("a.mp4", "b.avi", "c.jpg")] == [["150 30.0 224 224"], [""], [""]]
+    assert list(views["s/bad.mp4"]) == []  # rejected: no media listed
+
+    again, validator = _build(source, log_path)
+    assert validator.remembered == 3
+    assert again.media_views.map(list).tolist() == first.media_views.map(list).tolist()
+
+
 def test_a_check_log_commits_what_it_proved_while_the_build_goes_on(tmp_path, shared_data, monkeypatch):
     from vlm_assets.media import checks as media_checks
 

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from vlm_assets.config import CHAT_TEMPLATES, ConfigError, FrameCacheConfig, ModelConfig, TrainerConfig
-from vlm_assets.tokens.consumer import CONSUMER_TEMPLATES, CountingRule
+from vlm_assets.media.trainer_decoder import TrainerClipView
+from vlm_assets.tokens.consumer import CONSUMER_TEMPLATES, CountingRule, consumer_clip_shape
 from vlm_assets.tokens.lengths import LengthCounter, SampleForLength
 from vlm_assets.tokens.processor import load_processor
 from vlm_assets_tests.processor_families import family_processor_dirs, proven_modalities
@@ -246,3 +247,59 @@ def test_the_default_and_processor_templates_still_count_other_families_by_their
 
 def test_every_configurable_template_has_a_rule():
     assert tuple(CONSUMER_TEMPLATES) == CHAT_TEMPLATES
+
+
+
+def _catalogued_view(path: Path) -> str:
+    """The view the catalogue records of a clip: from the frame count its one decoding pass proves."""
+    from vlm_assets.media.trainer_decoder import trainer_clip_view
+    from vlm_assets.media.video import read_sampled_frames
+
+    try:
+        decoded = read_sampled_frames(str(path), FRAME_CACHE.num_frames, lambda _index, _frame: None)
+    except Exception:  # the catalogue rejects it: no view
+        return ""
+    view = trainer_clip_view(str(path), decoded.total_frames)
+    return view.text() if view is not None else ""
+
+
+@pytest.mark.parametrize(("template", "family"), TEMPLATE_FAMILIES)
+def test_clips_counted_from_the_catalogue_view_equal_their_frames_read_as_the_consumer_does(
+        template, family, processors, shared_data, tmp_path):
+    """Each clip's length from the catalogue's view of it is the one its frames, decoded by Energon's
+    decoder and sampled as the consumer samples them, give; a clip that decoder cannot read has no view.
+    The view's path reads no byte of the clip: emptied afterwards, it is counted all the same."""
+    import shutil
+
+    processor = processors[family]
+    counter = LengthCounter(processor, FRAME_CACHE, modalities=proven_modalities(processor, FRAME_CACHE),
+                            rule=CountingRule("packed_chat_mix", TrainerConfig(chat_template=template)))
+    turns = json.dumps([{"role": "system", "content": "Be brief."}, *_turns("<video>\nWhat happens?", "It moves.")])
+    # Every real clip of the shared data: several containers and codecs, a variable rate, rotated ones,
+    # four-frame ones, an AVI Energon's decoder cannot seek (2.avi) and a corrupt MP4.
+    clips = sorted(str(path.relative_to(shared_data)) for path in shared_data.rglob("*")
+                   if path.suffix in {".mp4", ".mkv", ".avi", ".mov", ".webm"})
+    modalities = counter.modalities
+    proven = modalities.clip_shape_plugin_text if template in QWEN3_PLUGIN_TEMPLATES else modalities.clip_shape_tokens
+    viewed = shaped = 0
+    for number, clip in enumerate(clips):
+        copy = tmp_path / f"{number}{Path(clip).suffix}"
+        shutil.copyfile(shared_data / clip, copy)
+        view = _catalogued_view(copy)
+        sample = SampleForLength(clip, turns, ["video"], [str(copy)], [view])
+        exact = counter.exact(sample)
+        if not view:
+            assert exact.status == "rejected", clip
+            continue
+        viewed += 1
+        assert exact.status == "ok", (clip, exact.reason)
+        assert counter.counted(sample) == exact, clip
+        if proven and consumer_clip_shape(TrainerClipView.parse(view), counter.rule) is not None:
+            shaped += 1
+            copy.write_bytes(b"")
+            assert counter.counted(sample) == exact, clip
+    assert viewed == len(clips) - 2
+    # Where the probes prove the arithmetic, only the clips whose sampled frames are neighbours (four-frame
+    # ones) are decoded: Energon's reader seeks back for those.
+    assert shaped >= viewed - 5 if proven else shaped == 0
+    assert _catalogued_view(shared_data / "LLaMA-Factory/data/mllm_demo_data/2.avi") == ""

@@ -26,12 +26,12 @@ def _catalog(path, count: int, row_group: int, edited: int | None = None) -> Non
         "sample_id": f"s{number}", "status": "ok", "reason": "",
         "messages": f'[{{"role": "user", "content": "question {number}{" edited" if number == edited else ""}"}}, '
                     f'{{"role": "assistant", "content": "{"answer " * (number % 13 + 1)}"}}]',
-        "media_kinds": [], "media_refs": [], "media_stamps": [],
+        "media_kinds": [], "media_refs": [], "media_stamps": [], "media_views": [],
     } for number in range(count)]
     table = pa.Table.from_pylist(rows, schema=pa.schema([
         ("sample_id", pa.string()), ("status", pa.string()), ("reason", pa.string()), ("messages", pa.string()),
         ("media_kinds", pa.list_(pa.string())), ("media_refs", pa.list_(pa.string())),
-        ("media_stamps", pa.list_(pa.string()))]))
+        ("media_stamps", pa.list_(pa.string())), ("media_views", pa.list_(pa.string()))]))
     pq.write_table(table, path, row_group_size=row_group)
 
 

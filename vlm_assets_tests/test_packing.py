@@ -122,6 +122,7 @@ def build_source(root: Path, source: str, samples: list[dict]) -> StorageLayout:
                 "media_refs": [str(media_root / rel) for rel, _ in spec.get("media", [])],
                 "media_keys": [f"{source}/{rel}" for rel, _ in spec.get("media", [])],
                 "media_stamps": [_stamp(media_root / rel) for rel, _ in spec.get("media", [])],
+                "media_views": ["" for _ in spec.get("media", [])],
                 "media_type": media_type_of(kinds),
             }
         )

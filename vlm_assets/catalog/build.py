@@ -22,6 +22,8 @@ from vlm_assets.media.refs import (
     sniff_extension,
 )
 from vlm_assets.media.checks import FACTS_SEPARATOR, MediaCheckLog, medium_stamp
+from vlm_assets.media.trainer_decoder import trainer_clip_view
+from vlm_assets.media.video_probe import SampledFrames
 from vlm_assets.media.copies import MediaCopies
 from vlm_assets.catalog.media_resolution import ResolvedMedia, SourceScope
 from vlm_assets.catalog.messages import MediaItem, NormalizedSample, SampleError, finalize_untyped, normalize_record
@@ -41,7 +43,7 @@ class VideoRenderer(Protocol):
     """Decodes a video to check it and keeps what that decode made: the frame cache's mosaic spool
     (vlm_assets.frames.spool.MosaicSpool), which the catalogue is given rather than builds on."""
 
-    def render(self, ref: str) -> object: ...
+    def render(self, ref: str) -> SampledFrames: ...
 
 
 # Checks a validator holds the outcome of (a medium named by several records is checked once while
@@ -75,6 +77,7 @@ class MediaValidator:
         self._errors: dict[tuple[str, str], str] = {}  # (ref, check) -> error
         self._content_facts: dict[str, str] = {}  # pinned object image ref -> "<extension>:<height>x<width>"
         self._stamps: dict[str, str] = {}  # ref -> its medium_stamp, taken before the check read it
+        self._trainer_views: dict[str, str] = {}  # video ref -> TrainerClipView.text() ("" : none)
         # No check remembered when the build began (a source's first): each medium will be read to be checked.
         self.checks_every_medium = check_log is None or not check_log.holds_any()
 
@@ -93,6 +96,7 @@ class MediaValidator:
             del self._errors[ref, check]
             self._content_facts.pop(ref, None)
             self._stamps.pop(ref, None)
+            self._trainer_views.pop(ref, None)
 
     def stamp_of(self, ref: str) -> str:
         """The stamp `ref`'s file had when it was checked ("" when it could not be taken)."""
@@ -114,16 +118,19 @@ class MediaValidator:
         if self.check_log is not None:
             if fingerprint and self.check_log.passed(ref, fingerprint):
                 self.remembered += 1
-                if ref.startswith(OBJECT_PREFIX):
+                if kind == "video":
+                    self._trainer_views[ref] = self.check_log.facts(ref)
+                elif ref.startswith(OBJECT_PREFIX):
                     self._content_facts[ref] = self.check_log.facts(ref)
                 return ""
+        facts = ""
         if kind == "image":
             error = _image_error(ref, self.max_image_pixels)
         else:
-            error = _video_error(ref, self.num_frames, self.mosaic_spool)
+            error, facts = _video_check(ref, self.num_frames, self.mosaic_spool)
+            self._trainer_views[ref] = facts
         if not isinstance(error, ImageTooLarge):
             self.decoded += 1
-        facts = ""
         # Of an image only: a video's ref stays as resolved, the key its spooled mosaic is found by.
         if not error and kind == "image" and ref.startswith(OBJECT_PREFIX):
             # The object was just read whole (media.py keeps it): learning these costs no request.
@@ -134,6 +141,10 @@ class MediaValidator:
         if not error and fingerprint and self.check_log is not None:
             self.check_log.record_pass(ref, f"{fingerprint}{FACTS_SEPARATOR}{facts}" if facts else fingerprint)
         return error
+
+    def trainer_view_of(self, ref: str) -> str:
+        """What the trainer's decoder makes of video `ref` (TrainerClipView.text(); "" when not proven)."""
+        return self._trainer_views.get(ref, "")
 
     def checked_ref(self, ref: str) -> str:
         """`ref`, of a pinned object image with what its check learnt (extension, size) added."""
@@ -148,7 +159,8 @@ class MediaValidator:
 
     def _check_name(self, kind: str) -> str:
         # A pass proves the image within this limit: a lower limit checks every image again.
-        return f"video@{self.num_frames}" if kind == "video" else f"image@{self.max_image_pixels}px"
+        # A video's pass keeps what the trainer's decoder makes of it: one kept before it did is checked again.
+        return f"video@{self.num_frames}+trainer-view" if kind == "video" else f"image@{self.max_image_pixels}px"
 
 
 def _image_facts(ref: str) -> str:
@@ -176,19 +188,22 @@ OBJECT_ADDRESS = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
 VALIDATION_FRAME_SIZE = 28
 
 
-def _video_error(ref: str, num_frames: int, mosaic_spool: VideoRenderer | None) -> str:
+def _video_check(ref: str, num_frames: int, mosaic_spool: VideoRenderer | None) -> tuple[str, str]:
+    """Why the video cannot be read ("" when it can), and what the trainer's decoder makes of it
+    (TrainerClipView.text(), "" when not proven), learnt from the frame count this decode proved."""
     from vlm_assets.media.video import FrameResizer, read_sampled_frames
 
     try:
         if mosaic_spool is not None:
-            mosaic_spool.render(ref)
+            sampled = mosaic_spool.render(ref)
         else:
             # Converting each frame (tiny) proves the scaler handles its pixel format too.
             resize = FrameResizer(VALIDATION_FRAME_SIZE)
-            read_sampled_frames(ref, num_frames, lambda _index, frame: resize(frame))
+            sampled = read_sampled_frames(ref, num_frames, lambda _index, frame: resize(frame))
     except Exception as error:  # PyAV raises FFmpeg errors of many types
-        return f"{type(error).__name__}: {error}"
-    return ""
+        return f"{type(error).__name__}: {error}", ""
+    view = trainer_clip_view(ref, sampled.total_frames)
+    return "", view.text() if view is not None else ""
 
 
 def _kind_of(item: MediaItem, resolved: ResolvedMedia) -> str:
@@ -234,6 +249,8 @@ def _ok_row(raw: RawRecord, text_key: str, validator: MediaValidator) -> dict:
         "media_refs": [validator.checked_ref(media.ref) for media in resolved],
         "media_keys": [media.key for media in resolved],
         "media_stamps": [validator.stamp_of(media.ref) for media in resolved],
+        "media_views": [validator.trainer_view_of(media.ref) if kind == "video" else ""
+                        for kind, media in zip(kinds, resolved)],
         "media_type": media_type_of(kinds),
     }
 
@@ -249,6 +266,7 @@ def _rejected(reason: str) -> dict:
         "media_refs": [],
         "media_keys": [],
         "media_stamps": [],
+        "media_views": [],
         "media_type": "text",
     }
 

@@ -15,6 +15,9 @@
   media_keys   list[str]  "<source>/<path relative to the source's media root>" (frame-cache key)
   media_stamps list[str]  each medium's stamp when it was checked: "<size>:<mtime ns>:<ctime ns>" of
                           its file (a tar member: of the tar), "<size>:<ETag>" of an object
+  media_views  list[str]  of a video, what the trainer's decoder (Megatron-Energon's) makes of it, as
+                          "<frames> <fps> <height> <width>" (vlm_assets.media.trainer_decoder); "" for an
+                          image, or a video it would not read as the catalogue's decoding pass did
   media_type   str        "image" | "video" | "mixed" | "text"
 
 ``lengths/<source>.parquet`` — one row per catalogue row, same sample_id order:
@@ -39,6 +42,7 @@ CATALOG_COLUMNS = (
     "media_refs",
     "media_keys",
     "media_stamps",
+    "media_views",
     "media_type",
 )
 

@@ -38,7 +38,7 @@ from vlm_assets.object_store import exists, location_stamp, resolved
 from vlm_assets.parallel import helper_processes
 from vlm_assets.wording import shortened
 
-LIST_COLUMNS = ("media_files", "media_kinds", "media_refs", "media_keys", "media_stamps")
+LIST_COLUMNS = ("media_files", "media_kinds", "media_refs", "media_keys", "media_stamps", "media_views")
 CATALOG_SCHEMA = pa.schema([
     (column, pa.list_(pa.string()) if column in LIST_COLUMNS else pa.int64() if column == "n_turns" else pa.string())
     for column in CATALOG_COLUMNS

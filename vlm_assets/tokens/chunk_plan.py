@@ -31,7 +31,8 @@ DEFAULT_CHUNK_ROWS = 8 * STORE_ROWS
 MAX_CHUNKS_PER_SOURCE = 10_000
 # Catalogue columns the token lengths follow from (what tokens.table reads of each row).
 # The media's stamps among them: a medium replaced since is measured again.
-DIGESTED_COLUMNS = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs", "media_stamps"]
+DIGESTED_COLUMNS = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs", "media_stamps",
+                    "media_views"]
 
 def chunk_index_key(index: int) -> str:
     return f"{index:05d}"

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vlm_assets.config import AppConfig, ConfigError, SourceConfig, TrainerConfig
+from vlm_assets.media.trainer_decoder import TrainerClipView
 from vlm_assets.tokens.video_tokens import patch_times
 
 CAPTIONING, VQA, MULTI_MIX_QA, CHAT_MIX = "packed_captioning", "packed_vqa", "packed_multi_mix_qa", "packed_chat_mix"
@@ -294,6 +295,45 @@ def _has_part(content: list[dict[str, Any]], kind: str) -> bool:
     return any(part.get("type") == kind for part in content)
 
 
+@dataclass(frozen=True)
+class ClipShape:
+    """A clip as the consumer hands it to the processor, by its shape alone: the frames it sampled and
+    the size it resized them to."""
+
+    frames: int
+    height: int
+    width: int
+
+
+def consumer_clip_shape(view: TrainerClipView, rule: CountingRule) -> ClipShape | None:
+    """The shape the consumer gives a clip its decoder sees as `view`: as `consumer_video` samples and
+    resizes it, without a frame decoded. Each sampled index yields one frame of the view's size where
+    the decoder reads forward, seeking only ahead, as the catalogue proved by reading the clip's last
+    frame with it. None where two sampled frames are neighbours: the decoder seeks back to read the
+    second, which may yield no frame (a MOV whose timestamps start below zero), so the clip is decoded."""
+    frames = sampled_frame_count(view.total_frames, view.fps, rule.trainer)
+    indices = consumer_frame_indices(view.total_frames, frames)
+    if any(later - earlier < 2 for earlier, later in zip(indices, indices[1:])):
+        return None
+    return ClipShape(frames, *rule.frame_size(frames, view.height, view.width))
+
+
+def consumer_frame_indices(total_frames: int, frames: int) -> list[int]:
+    """The frames the consumer reads of a clip: `frames` indices spread evenly (its torch arithmetic, in
+    single precision, rounded half to even)."""
+    import torch
+
+    return torch.linspace(0, total_frames - 1, frames).round().long().tolist()
+
+
+def clip_video_pads(processor: Any, clip: ClipShape) -> int:
+    """The video tokens a Qwen-VL processor writes for a clip of this shape, its frames not sampled
+    again: its video processor's patch count (its public arithmetic) over merge_size²."""
+    video_processor = processor.video_processor
+    patches = video_processor.get_num_of_video_patches(clip.frames, clip.height, clip.width, {})
+    return patches // video_processor.merge_size ** 2
+
+
 def consumer_video(data: bytes, rule: CountingRule) -> Any:
     """A clip's frames as the consumer decodes, samples and resizes them: a (frames, 3, H, W) float tensor.
 
@@ -306,16 +346,25 @@ def consumer_video(data: bytes, rule: CountingRule) -> Any:
     try:
         decoder = AVDecoder(io.BytesIO(data))
         _duration, total_frames = decoder.get_video_duration(get_frame_count=True)
-        frames = sampled_frame_count(total_frames, decoder.get_video_fps(), rule.trainer)
-        indices = torch.linspace(0, total_frames - 1, frames).round().long().tolist()
+        fps = decoder.get_video_fps()
+    except Exception as error:
+        raise _decoder_failure(error) from error
+    # A clip too short to sample is the sample's fault, not the decoder's.
+    frames = sampled_frame_count(total_frames, fps, rule.trainer)
+    try:
+        indices = consumer_frame_indices(total_frames, frames)
         clips = decoder.get_clips(video_clip_ranges=[(index, index + 1) for index in indices], video_unit="frames")
         video = torch.stack([clip[0] for clip in clips.video_clips], dim=0)
     except Exception as error:
-        raise ValueError(f"Energon's AV decoder, which the consumer reads the clip with, fails on it: "
-                         f"{type(error).__name__}: {error}") from error
+        raise _decoder_failure(error) from error
     height, width = rule.frame_size(frames, video.shape[2], video.shape[3])
     return torch.nn.functional.interpolate(video.float(), size=(height, width), mode="bicubic", align_corners=False)
 
+
+
+def _decoder_failure(error: Exception) -> ValueError:
+    return ValueError(f"Energon's AV decoder, which the consumer reads the clip with, fails on it: "
+                      f"{type(error).__name__}: {error}")
 
 
 def qwen3_plugin_clip_text(processor: Any, clip: Any) -> str:
@@ -340,3 +389,22 @@ def qwen3_plugin_clip_text(processor: Any, clip: Any) -> str:
     patch = "<|vision_start|>" + "<|video_pad|>" * (int(grid[1] * grid[2]) // merge_size ** 2) + "<|vision_end|>"
     times = patch_times(list(kept.frames_indices), kept.fps or QWEN3_PLUGIN_VIDEO_FPS, merge_size, "mean-tenths")
     return "".join(f"<{time} seconds>{patch}" for time in times[:int(grid[0])])
+
+
+def qwen3_plugin_clip_text_for_shape(processor: Any, clip: ClipShape) -> str:
+    """`qwen3_plugin_clip_text` for a clip of this shape, by the video processor's public arithmetic
+    (its `sample_frames` and patch count) instead of its pass over the pixels."""
+    from transformers.video_utils import VideoMetadata
+
+    video_processor = processor.video_processor
+    merge_size = video_processor.merge_size
+    fps = getattr(processor, "video_fps", QWEN3_PLUGIN_VIDEO_FPS)
+    metadata = VideoMetadata(total_num_frames=clip.frames, fps=fps)
+    kept = (list(video_processor.sample_frames(metadata)) if video_processor.do_sample_frames
+            else list(range(clip.frames)))
+    patches = video_processor.get_num_of_video_patches(len(kept), clip.height, clip.width, {})
+    temporal_patches = -(-len(kept) // video_processor.temporal_patch_size)
+    pads = patches // temporal_patches // merge_size ** 2
+    patch = "<|vision_start|>" + "<|video_pad|>" * pads + "<|vision_end|>"
+    times = patch_times(kept, fps, merge_size, "mean-tenths")
+    return "".join(f"<{time} seconds>{patch}" for time in times[:temporal_patches])

@@ -35,7 +35,17 @@ from vlm_assets.catalog.messages import split_on_placeholders
 from vlm_assets.catalog.schema import STATUS_OK, STATUS_REJECTED
 from vlm_assets.config import FrameCacheConfig
 from vlm_assets.media.video_probe import SampledFrames
-from vlm_assets.tokens.consumer import CLIP_MARKUP, CountingRule, consumer_video, qwen3_plugin_clip_text
+from vlm_assets.media.trainer_decoder import TrainerClipView
+from vlm_assets.tokens.consumer import (
+    CLIP_MARKUP,
+    ClipShape,
+    CountingRule,
+    clip_video_pads,
+    consumer_clip_shape,
+    consumer_video,
+    qwen3_plugin_clip_text,
+    qwen3_plugin_clip_text_for_shape,
+)
 from vlm_assets.tokens.image_tokens import ImageExpansion, image_token_arithmetic, marked_token_ids
 from vlm_assets.tokens.text import ProcessorText, TextCounter, control_token_in
 from vlm_assets.tokens.video_tokens import (
@@ -58,6 +68,13 @@ class SampleForLength:
     messages: str  # catalogue JSON (role/content with <image>/<video> placeholders)
     media_kinds: Sequence[str]
     media_refs: Sequence[str]
+    # What the trainer's decoder makes of each video (the catalogue's media_views; "" or none: not known).
+    media_views: Sequence[str] = ()
+
+    def trainer_views(self) -> list[TrainerClipView] | None:
+        """The views of the sample's videos, in order (None: one is not known)."""
+        views = [TrainerClipView.parse(view) for kind, view in zip(self.media_kinds, self.media_views) if kind == "video"]
+        return None if None in views or len(views) != list(self.media_kinds).count("video") else views
 
 
 @dataclass(frozen=True)
@@ -116,6 +133,10 @@ class Modalities:
     video_spelled_with_image_tokens: bool = False
     video_clip_tokens: int = 0  # a clip's tokens in that text, for a video processor without a patch count
     video_time_style: str = ""  # how that text prints each temporal patch's time (video_tokens.PATCH_TIME_STYLES)
+    # Whether a clip the consumer resizes is counted from its shape (consumer.ClipShape) as the processor
+    # counts its pixels, and whether Qwen3-VL's media plugin writes the same text for that shape.
+    clip_shape_tokens: bool = False
+    clip_shape_plugin_text: bool = False
 
     def with_image_expansion(self, expansion: ImageExpansion) -> Modalities:
         return replace(self, image_placeholder=expansion.placeholder, image_expansion=expansion.text,
@@ -319,6 +340,30 @@ class LengthCounter:
 
     # ---- exact path ---------------------------------------------------------------------
     def exact(self, sample: SampleForLength) -> LengthResult:
+        """The length as the consumer's own reading gives it: every medium decoded."""
+        return self._length(sample, None)
+
+    def counted(self, sample: SampleForLength) -> LengthResult:
+        """The length of a sample off the fast path: the consumer's clips by their shape, from what the
+        trainer's decoder makes of each (the catalogue's views), where the probes proved that shape's
+        count equal to the pixels'; else the exact path."""
+        return self._length(sample, self._clip_shapes(sample))
+
+    def _clip_shapes(self, sample: SampleForLength) -> list[ClipShape] | None:
+        if self.rule is None or not self.rule.resizes_media or "video" not in sample.media_kinds:
+            return None
+        proven = (self.modalities.clip_shape_plugin_text if self.rule.plugin_writes_clips
+                  else self.modalities.clip_shape_tokens)
+        views = sample.trainer_views() if proven else None
+        if views is None:
+            return None
+        try:
+            shapes = [consumer_clip_shape(view, self.rule) for view in views]
+        except ValueError:  # a clip too short or too narrow: the exact path names why
+            return None
+        return None if None in shapes else shapes
+
+    def _length(self, sample: SampleForLength, clip_shapes: list[ClipShape] | None) -> LengthResult:
         try:
             conversation = chat_conversation(sample.messages)
             refusal = sample_refusal(conversation, sample.media_kinds, self.modalities, self.text,
@@ -333,6 +378,8 @@ class LengthCounter:
                     if ref not in decoded:
                         decoded[ref] = self._image(ref)
                     images.append(decoded[ref])
+                elif clip_shapes is not None:
+                    videos.append(clip_shapes[len(videos)])
                 elif self.rule is not None and self.rule.resizes_media:
                     videos.append(consumer_video(read_media_bytes(ref), self.rule))
                 else:
@@ -344,6 +391,8 @@ class LengthCounter:
             return LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error}")
         if videos and self.rule is not None and self.rule.plugin_writes_clips:
             return self._count_plugin_clips(sample, text, videos)
+        if clip_shapes is not None:
+            return self._count_shaped_clips(sample, text, clip_shapes)
         video_kwargs: dict[str, Any] = {"do_sample_frames": False} if videos else {}
         if metadata:
             video_kwargs["video_metadata"] = metadata
@@ -363,10 +412,20 @@ class LengthCounter:
         video_refs = [ref for ref, kind in zip(sample.media_refs, sample.media_kinds) if kind == "video"]
         for ref, clip in zip(video_refs, clips, strict=True):
             try:
-                clip_text = qwen3_plugin_clip_text(self.processor, clip)
+                clip_text = (qwen3_plugin_clip_text_for_shape(self.processor, clip) if isinstance(clip, ClipShape)
+                             else qwen3_plugin_clip_text(self.processor, clip))
             except Exception as error:  # the video processor refusing the clip
                 return LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error} (video {ref})")
             text = text.replace(CLIP_MARKUP, clip_text, 1)
+        return self._split_counts(sample, self.processor.tokenizer(text)["input_ids"])
+
+    def _count_shaped_clips(self, sample: SampleForLength, text: str, clips: list[ClipShape]) -> LengthResult:
+        """A sample whose clips are known by their shape: each clip's markup holds the video tokens the
+        processor would put there for such frames, the whole tokenised as the processor tokenises it."""
+        for clip in clips:
+            pads = CLIP_MARKUP.replace(self.processor.video_token, self.processor.video_token * clip_video_pads(
+                self.processor, clip))
+            text = text.replace(CLIP_MARKUP, pads, 1)
         return self._split_counts(sample, self.processor.tokenizer(text)["input_ids"])
 
     def _image(self, ref: str) -> Any:
@@ -426,7 +485,7 @@ class LengthCounter:
                                      clip_facts) for sample in batch]
             measured = iter(measure_samples([sample for sample, quick in zip(batch, fast) if quick], self.text,
                                             self.modalities, self.reject_control_tokens, self.rule, clip_facts))
-            results.extend(self.complete(next(measured)) if quick else self.exact(sample)
+            results.extend(self.complete(next(measured)) if quick else self.counted(sample)
                            for sample, quick in zip(batch, fast))
         return results
 

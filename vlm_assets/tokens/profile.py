@@ -26,7 +26,14 @@ import numpy as np
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import ConfigError, FrameCacheConfig, ModelConfig
 from vlm_assets.media.video_probe import SampledFrames, sample_indices
-from vlm_assets.tokens.consumer import CountingRule
+from vlm_assets.tokens.consumer import (
+    CLIP_MARKUP,
+    ClipShape,
+    CountingRule,
+    clip_video_pads,
+    qwen3_plugin_clip_text,
+    qwen3_plugin_clip_text_for_shape,
+)
 from vlm_assets.tokens.lengths import (
     LengthCounter,
     LengthResult,
@@ -46,7 +53,7 @@ from vlm_assets.tokens.processor import RECENT_WRITE_NS, default_cache_dir, proc
 from vlm_assets.tokens.text import store_text_spec, stored_text_spec, text_spec_of
 from vlm_assets.tokens.video_tokens import VideoExpansion, video_expansion
 
-PROFILE_VERSION = 5
+PROFILE_VERSION = 6
 
 # Probe conversations in the catalogue's form (<image>/<video> placeholders), chosen to put media
 # next to text, newlines and each other, in first and later turns.
@@ -86,6 +93,10 @@ VIDEO_PROBES = (
 # rate that is not whole).
 PROBE_CLIPS = {"clip-30fps": (900, 30.0), "clip-12fps": (50, 12.5), "clip-2h": (180_000, 25.0),
                "clip-3-frames": (3, 24.0), "clip-29.97fps": (17_982, 29.97)}  # total frames, fps
+# (frames, height, width) of clips as the consumer resizes them: a clip of two frames, the smallest side,
+# wide and tall, many frames at a small size, and one past Qwen-VL's default video budget.
+PROBE_CLIP_SHAPES = ((2, 28, 28), (4, 336, 336), (12, 364, 644), (20, 252, 420), (30, 644, 364), (64, 140, 196),
+                     (16, 868, 1540))
 MIXED_PROBE = ([{"role": "user", "content": "<image>\n<video>\nSame scene?"}, {"role": "assistant", "content": "Yes."}],
                ("b", "clip-12fps"))
 
@@ -188,10 +199,45 @@ def prove_fast_path(processor: Any, frame_cache: FrameCacheConfig) -> Modalities
         fast_videos = clip_expansion is not None and equal(VIDEO_PROBES)
         if fast_images and fast_videos and not equal((MIXED_PROBE,)):
             fast_videos = False
-    proven = Modalities(taken.processor_class, taken.takes_images, taken.takes_videos, fast_text, fast_images, fast_videos)
+    proven = Modalities(taken.processor_class, taken.takes_images, taken.takes_videos, fast_text, fast_images, fast_videos,
+                        clip_shape_tokens=_clip_shapes_counted_alike(processor),
+                        clip_shape_plugin_text=_clip_shapes_written_alike(processor))
     if fast_videos and clip_expansion is not None:
         proven = proven.with_video_expansion(clip_expansion)
     return proven.with_image_expansion(expansion) if fast_images and expansion is not None else proven
+
+
+def _clip_shapes_counted_alike(processor: Any) -> bool:
+    """Whether a clip's video tokens by its shape (consumer.clip_video_pads) equal the processor's own
+    count of such frames, its frames not sampled again (as the consumer hands them over)."""
+    import torch
+
+    if not supports_fast_videos(processor):
+        return False
+    video_id = processor.tokenizer.convert_tokens_to_ids(processor.video_token)
+    try:
+        for shape in PROBE_CLIP_SHAPES:
+            frames = torch.zeros((shape[0], 3, shape[1], shape[2]))
+            encoded = processor(text=[CLIP_MARKUP], videos=[frames], do_sample_frames=False, return_tensors="np")
+            if int((encoded["input_ids"][0] == video_id).sum()) != clip_video_pads(processor, ClipShape(*shape)):
+                return False
+    except Exception:  # a processor without this arithmetic, or refusing the markup: its clips are decoded
+        return False
+    return True
+
+
+def _clip_shapes_written_alike(processor: Any) -> bool:
+    """Whether Qwen3-VL's media plugin writes the same text for a clip from its shape
+    (qwen3_plugin_clip_text_for_shape) as from its frames (qwen3_plugin_clip_text)."""
+    import torch
+
+    if not supports_fast_videos(processor):
+        return False
+    try:
+        return all(qwen3_plugin_clip_text(processor, torch.zeros((shape[0], 3, shape[1], shape[2])))
+                   == qwen3_plugin_clip_text_for_shape(processor, ClipShape(*shape)) for shape in PROBE_CLIP_SHAPES)
+    except Exception:  # a processor whose video processor samples otherwise: its clips are decoded
+        return False
 
 
 def _probe_image_expansion(processor: Any) -> ImageExpansion | None:

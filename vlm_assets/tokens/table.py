@@ -64,7 +64,8 @@ LENGTH_CHUNK_ROWS = STORE_ROWS
 # A pool costs a start-up (a process spawned, its imports, the text spec's tokenizer built; a processor
 # load where no text spec is stored): seconds, which fewer chunks than this take to measure on one process.
 POOL_MIN_CHUNKS = 8
-CATALOG_COLUMNS_READ = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs", "media_stamps"]
+CATALOG_COLUMNS_READ = ["sample_id", "status", "reason", "messages", "media_kinds", "media_refs", "media_stamps",
+                        "media_views"]
 LENGTH_SCHEMA = pa.schema(
     [(column, pa.string()) for column in LENGTH_COLUMNS[:3]] + [(column, pa.int64()) for column in LENGTH_COLUMNS[3:]]
 )
@@ -157,7 +158,7 @@ class _ChunkMeasurer:
 
     def measure(self, catalog_rows: list[dict]) -> list[LengthResult | MeasuredSample]:
         ok_samples = [
-            SampleForLength(row["sample_id"], row["messages"], row["media_kinds"], row["media_refs"])
+            SampleForLength(row["sample_id"], row["messages"], row["media_kinds"], row["media_refs"], row["media_views"])
             for row in catalog_rows if row["status"] == STATUS_OK
         ]
         clip_facts = usable_clip_facts(self.clip_facts, self.frame_cache) if self.clip_facts else None
@@ -173,7 +174,7 @@ class _ChunkMeasurer:
                 results.append(LengthResult.rejected(row["sample_id"], row["reason"]))
                 continue
             sample, quick = next(ok)
-            results.append(next(measured) if quick else self.exact_counter().exact(sample))
+            results.append(next(measured) if quick else self.exact_counter().counted(sample))
         # After the media were read: one changed while it was read is caught too.
         for row in catalog_rows:
             for ref, stamp in zip(row["media_refs"], row["media_stamps"]):
