@@ -123,20 +123,20 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         locks=_writes_source,
     ),
     AssetSpec(
-        "packing_bins", 3, "packing", Partitioning.SOURCES, ("sample_catalog", "sample_lengths"),
+        "packing_bins", 3, "packing", Partitioning.SOURCES, ("sample_lengths", "sample_catalog"),
         settings=lambda app: [app.sample.sample_type, app.sample.max_token_len, app.packing.min_fill_ratio,
                               app.packing.mode],
         outputs=lambda layout, source, _app: [layout.bins(source), layout.rejects(source)],
         locks=_writes_source,
     ),
     AssetSpec(
-        "packed_json", 2, "packing", Partitioning.SOURCES, ("packing_bins",),
+        "packed_json", 2, "packing", Partitioning.SOURCES, ("packing_bins", "sample_catalog"),
         settings=lambda app: [app.sample.sample_type],
         outputs=lambda layout, source, _app: [layout.packed_json(source)],
         locks=_writes_source,
     ),
     AssetSpec(
-        "packed_wds_shards", 2, "packing", Partitioning.SOURCES, ("packed_json",),
+        "packed_wds_shards", 2, "packing", Partitioning.SOURCES, ("packed_json", "sample_catalog"),
         settings=lambda app: [app.wds.maxcount, app.wds.maxsize, app.packing.mode],
         outputs=lambda layout, source, _app: [layout.packed_wds(source)],
         locks=_writes_source,
@@ -156,7 +156,7 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
             exclusive=(layout.TRAINING_MIX_LOCK,), shared=tuple(layout.source_lock(source) for source in sources)),
     ),
     AssetSpec(
-        "video_frame_plan", 3, "frame_cache", Partitioning.NONE, ("sample_catalog", "sample_lengths"),
+        "video_frame_plan", 3, "frame_cache", Partitioning.NONE, ("sample_lengths", "sample_catalog"),
         settings=lambda app: [app.frame_cache.num_frames, app.frame_cache.videos_per_shard],
         outputs=lambda layout, _partition, app: [_frame_cache_dir(layout, app) / PLAN_FILE],
         locks=lambda layout, _partition, app, _sources: Locks(exclusive=(_frame_cache_lock(layout, app, "plan"),)),

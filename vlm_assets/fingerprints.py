@@ -133,17 +133,18 @@ class Fingerprints:
                         self.sources[source].special_tokens_in_text, self._sample_type(source))
 
     def _packing_bins(self, source: str) -> str:
-        return self._of("packing_bins", source, self._read_with_catalogue("sample_lengths", source), self._sample_type(source))
+        return self._of("packing_bins", source, self._upstream_records("packing_bins", source), self._sample_type(source))
 
     def _packed_json(self, source: str) -> str:
-        return self._of("packed_json", source, self._read_with_catalogue("packing_bins", source), self._sample_type(source))
+        return self._of("packed_json", source, self._upstream_records("packed_json", source), self._sample_type(source))
 
     def _packed_wds_shards(self, source: str) -> str:
-        return self._of("packed_wds_shards", source, self._read_with_catalogue("packed_json", source))
+        return self._of("packed_wds_shards", source, self._upstream_records("packed_wds_shards", source))
 
-    def _read_with_catalogue(self, upstream: str, source: str) -> list[str]:
-        """These steps read the catalogue (messages, media refs) beside their upstream table."""
-        return [self.recorded(upstream, source), self.recorded("sample_catalog", source)]
+    def _upstream_records(self, asset: str, source: str) -> list[str]:
+        """The fingerprints the source's partition of each of `asset`'s declared upstreams recorded (the
+        catalogue's among them where the step reads its messages or media refs beside its upstream table)."""
+        return [self.recorded(upstream, source) for upstream in SPECS[asset].upstream]
 
     def _energon_dataset(self, source: str) -> str:
         return self._of("energon_dataset", source, self.recorded("packed_wds_shards", source),
@@ -168,7 +169,7 @@ class Fingerprints:
         known = [(name, str(source.media_root), str(path), path.stat().st_size, path.stat().st_mtime_ns)
                  for name, source in sorted(self.sources.items()) for path in frames_source_files(source)]
         # A source without token lengths yet is skipped by the plan (and joins it once measured).
-        accepted = [self._read_with_catalogue("sample_lengths", name) for name in sorted(self.sources)
+        accepted = [self._upstream_records("video_frame_plan", name) for name in sorted(self.sources)
                     if self.recorded("sample_lengths", name)]
         return self._of("video_frame_plan", None, accepted, known)
 
