@@ -23,7 +23,7 @@ from vlm_assets.orchestration.home import default_home, ensure_dagster_home, pro
 from vlm_assets.orchestration.outage import InstanceUnreachable, as_outage, require_reachable
 from vlm_assets.orchestration.worker_output import log_folder
 from vlm_assets.orchestration.workers import default_workers, start_workers
-from vlm_assets.parallel import exit_without_teardown, imports_without_gc
+from vlm_assets.parallel import RAY_ADDRESS_ENV_VAR, exit_without_teardown, imports_without_gc
 from vlm_assets.progress import PROGRESS_DIR_ENV_VAR
 
 EXIT_INSTANCE_UNREACHABLE = 3
@@ -43,6 +43,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     app = load_config(args.config)
     # Before the instance, the workers and their log: a misspelt asset is a usage error that leaves nothing behind.
     select = _selected(args)
+    if args.address and args.executor != "ray":
+        raise ValueError("--address names a Ray cluster: it goes with --executor ray")
     if not app.sources:
         raise ConfigError(f"{app.path}: sources: `vlm-assets run` builds the configured sources and there are none; "
                           "add a `sources:` list (inbox entries are built by the inbox sensor under `dagster dev`)")
@@ -64,6 +66,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.plan:
         return _plan(app, home, select)
     workers = args.workers or default_workers()
+    if args.executor == "ray":
+        from vlm_assets.orchestration.ray_cluster import use_ray_cluster
+
+        print(f"Ray cluster: {use_ray_cluster(args.address)} CPU(s) for the steps' chunks", flush=True)
     started = time.monotonic()
     # The steps in flight write their progress there (vlm_assets.progress), for the bars.
     progress_dir = log_folder(home) / f"progress-{os.getpid()}"
@@ -166,9 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plan", action="store_true",
                      help="build nothing: print each selected asset partition's state as the UI shows it (up to date, "
                      "missing, failed or stale); the ones not up to date are what a run builds first")
-    run.add_argument("--executor", choices=("in_process", "celery"), default="in_process",
-                     help="where steps execute: in the run's worker process, or on Celery workers "
-                          "(`vlm-assets worker`; needs $VLM_ASSETS_CELERY_BROKER)")
+    run.add_argument("--executor", choices=("in_process", "ray", "celery"), default="in_process",
+                     help="where steps execute: in the run's worker process; there with their chunks as tasks on "
+                          "a Ray cluster (--address); or on Celery workers (`vlm-assets worker`; needs "
+                          "$VLM_ASSETS_CELERY_BROKER)")
+    run.add_argument("--address", help="with --executor ray: the cluster, as `ray start` printed it (HOST:PORT), "
+                     "ray://HOST:PORT for Ray Client, or auto for the cluster this machine is a node of "
+                     f"(default ${RAY_ADDRESS_ENV_VAR}, else auto)")
     run.set_defaults(func=_cmd_run)
 
     demo = commands.add_parser(

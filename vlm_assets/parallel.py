@@ -4,12 +4,17 @@ One big source is one partition, so its heavy per-sample work would otherwise ru
 The step splits it into chunks, hands them to a pool of processes and consumes the results in
 input order, so the output is the same whatever the number of processes. At most a few chunks
 per process are in flight: memory stays bounded by the chunk size, not by the source's size.
+
+With $VLM_ASSETS_RAY_ADDRESS set (`vlm-assets run --executor ray`) the chunks are Ray tasks on that
+cluster instead, on whichever nodes have a free core; the results still come back in input order,
+so the output is the same again. A task whose node is lost is run again elsewhere by Ray.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import logging
 import multiprocessing
@@ -21,6 +26,11 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Generic, NoReturn, TypeVar
 
 STEP_PROCESSES_ENV_VAR = "VLM_ASSETS_STEP_PROCESSES"
+# The Ray cluster a step's chunks go to (`auto`, `HOST:PORT`, `ray://HOST:PORT`); unset: local processes.
+RAY_ADDRESS_ENV_VAR = "VLM_ASSETS_RAY_ADDRESS"
+# Times Ray runs a chunk again whose worker or node died under it (its system failures, not the
+# chunk's own errors, which fail the step at once as they do locally).
+RAY_TASK_RETRIES = 3
 # Chunks done or underway, per process, whose results wait for earlier ones: bounds memory.
 CHUNKS_IN_FLIGHT_PER_PROCESS = 4
 # Chunks the pool holds per process: one running and three ready, enough to keep it working while
@@ -68,6 +78,7 @@ def ordered_map(
     initializer: Callable[..., None] | None = None,
     initargs: tuple[Any, ...] = (),
     may_work_here: Callable[[], bool] | None = None,
+    reads_local_files: bool = False,
 ) -> Iterator[Result]:
     """`function` over `chunks`, results in input order, on `processes` processes: this one and spawned ones.
 
@@ -75,12 +86,18 @@ def ordered_map(
     it works on chunks as well, so one process fewer is started and what it set up (a model a check
     needs next) stays at hand. With one process everything runs here, without a pool. While
     `may_work_here()` is false this process only hands out chunks (its core is busy otherwise).
+    With a Ray cluster set ($VLM_ASSETS_RAY_ADDRESS) the chunks go to it, unless `reads_local_files`:
+    chunks that read files only this machine has (an index it just wrote) stay on its processes.
     """
     if initializer is None:
         initializer = _nothing
     if processes <= 1:
         initializer(*initargs)
         yield from map(function, chunks)
+        return
+    address = ray_address()
+    if address is not None and not reads_local_files:
+        yield from _ordered_map_on_ray(function, chunks, processes, initializer, initargs, address)
         return
     # spawn, not fork: the caller may hold threads (Dagster's, a decoder's) that fork would copy mid-state.
     context = multiprocessing.get_context("spawn")
@@ -130,6 +147,87 @@ def ordered_map(
             raise
         finally:
             pool.shutdown(cancel_futures=True)
+
+
+def ray_address() -> str | None:
+    """The Ray cluster this process's chunked steps use ($VLM_ASSETS_RAY_ADDRESS), or None for local processes."""
+    return os.environ.get(RAY_ADDRESS_ENV_VAR, "").strip() or None
+
+
+def connect_to_ray(address: str) -> None:
+    """Join the Ray cluster at `address` as a driver, once per process."""
+    import ray
+
+    if not ray.is_initialized():
+        # The tasks' output comes back to this process's output (a step's captured log, which the UI
+        # shows), not only to the node's own log folder.
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+
+
+def _ordered_map_on_ray(function: Callable[[Item], Result], chunks: Iterable[Item], processes: int,
+                        initializer: Callable[..., None], initargs: tuple[Any, ...], address: str) -> Iterator[Result]:
+    """ordered_map's chunks as Ray tasks: at most `processes` × CHUNKS_IN_FLIGHT_PER_PROCESS in flight.
+
+    Each task's worker process runs `initializer(*initargs)` before its first chunk of this call (the
+    arguments travel once, through Ray's object store); this process does too, as on the local path.
+    A chunk's failure is re-raised here as its own error, with a note naming the node it ran on.
+    """
+    import ray
+
+    connect_to_ray(address)
+    setup = ray.put((initializer, initargs))
+    # Named by what it runs: the Ray dashboard lists the tasks of each kind of chunk apart.
+    task = _ray_chunk_task().options(name=f"{function.__module__}.{function.__qualname__}")
+    window = processes * CHUNKS_IN_FLIGHT_PER_PROCESS
+    in_flight: deque[Any] = deque()
+    source = iter(chunks)
+    set_up_here = False
+    try:
+        while True:
+            while len(in_flight) < window and (chunk := next(source, _END)) is not _END:
+                in_flight.append(task.remote(function, setup.hex(), setup, chunk))
+            if not set_up_here:
+                initializer(*initargs)  # after the first submits, so the cluster's set-up overlaps it
+                set_up_here = True
+            if not in_flight:
+                return
+            try:
+                result = ray.get(in_flight[0])
+            except ray.exceptions.RayTaskError as error:
+                raise error.cause from None  # the chunk's own error, as on the local path
+            in_flight.popleft()
+            yield result
+    finally:
+        # A failed chunk (or a consumer that stops early) ends the step: the rest are not waited for.
+        for ref in in_flight:
+            ray.cancel(ref, force=True)
+
+
+@functools.cache
+def _ray_chunk_task() -> Any:
+    import ray
+
+    return ray.remote(max_retries=RAY_TASK_RETRIES, retry_exceptions=False)(_run_chunk)
+
+
+# The ordered_map call whose initializer this Ray worker process last ran (its setup's object id).
+_set_up_for: list[str] = []
+
+
+def _run_chunk(function: Callable[[Item], Result], setup_id: str, setup: tuple[Callable[..., None], tuple[Any, ...]],
+               chunk: Item) -> Result:
+    if _set_up_for != [setup_id]:
+        initializer, initargs = setup
+        with imports_without_gc():
+            initializer(*initargs)
+        _set_up_for[:] = [setup_id]
+    try:
+        return function(chunk)
+    except Exception as error:
+        import ray
+
+        error.add_note(f"(in a Ray task on node {ray.util.get_node_ip_address()}, process {os.getpid()})")
+        raise
 
 
 @contextlib.contextmanager

@@ -133,7 +133,8 @@ def processor():
 # back: every test became a group of its own.) Modules start in this order, the longest of the full
 # tier first (`--no-loadscope-reorder`: else xdist starts the modules with the most tests first, and
 # a one-test module of two minutes ends last, alone), so the two workers end at about the same time.
-LONGEST_FIRST = ("test_run_safety", "test_family_lengths", "test_object_store", "test_append", "test_chunked_source",
+LONGEST_FIRST = ("test_run_safety", "test_family_lengths", "test_object_store", "test_ray_cluster", "test_append",
+                 "test_chunked_source",
                  "test_celery", "test_ui_agreement", "test_e2e_ui", "test_provenance", "test_cli_run",
                  "test_default_instance", "test_video_tokens", "test_partition_registration", "test_instance_outage",
                  "test_lengths", "test_processor_families", "test_catalog_append", "test_training_mix",

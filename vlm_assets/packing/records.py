@@ -158,8 +158,9 @@ def write_packed_jsonl(
     chunks = ((source, sample_type, chunk) for chunk in _bin_chunks(bins))
     count = 0
     try:
+        # The lookup's index is a file of this machine's.
         for records, data in ordered_map(_encode_chunk, chunks, processes, lookup.attach,
-                                         (str(samples.path), samples.columns)):
+                                         (str(samples.path), samples.columns), reads_local_files=True):
             handle.write(data)
             count += records
     finally:

@@ -216,7 +216,7 @@ def _check_shard_members(shards: list[Path], packed: BinaryIO, processes: int, c
     to_read = [shard for shard in shards if shard not in reusable]
     if len(to_read) < SHARDS_PER_PROCESS_FOR_A_POOL * processes:
         processes = 1  # a pool's start-up (a second) would cost more than it saves
-    names_of = dict(zip(to_read, ordered_map(_member_names, to_read, processes)))
+    names_of = dict(zip(to_read, ordered_map(_member_names, to_read, processes, reads_local_files=True)))
     found: dict[str, set[str]] = {}  # the members of each sample read from a shard
     home: dict[str, str] = {}
     problems = []

@@ -128,8 +128,9 @@ def write_shards_from_jsonl(
     """
     kept = kept or KeptShards([], 0)
     try:
+        # The lookup's index is a file of this machine's.
         prepared = ordered_map(_prepare_lines, _line_chunks(jsonl_path, kept.records), processes, lookup.attach,
-                               (str(samples.path), samples.columns))
+                               (str(samples.path), samples.columns), reads_local_files=True)
         members = (sample for chunk in prepared for sample in chunk)
         return _write_samples(members, directory, maxcount, maxsize, on_sample, threads=processes, kept=kept.paths,
                               media_copies=media_copies)

@@ -33,7 +33,7 @@ from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK, STATUS_REJECTED
 from vlm_assets.config import FrameCacheConfig, ModelConfig
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.media.checks import verify_medium_stamp
-from vlm_assets.parallel import ordered_map
+from vlm_assets.parallel import ordered_map, ray_address
 from vlm_assets.tokens.chunk_plan import STORE_ROWS
 from vlm_assets.tokens.consumer import NOT_CARRIED_BY, CountingRule
 from vlm_assets.parquet_batches import aligned_batches, batch_bytes, parquet_batches, parquet_rows
@@ -304,7 +304,8 @@ def write_length_table(
             if stored is None:
                 yield batch.to_pylist()
 
-    processes = processes if total > POOL_MIN_CHUNKS * chunk_rows else 1
+    # A cluster's worker processes are started already: there two chunks are worth sending out.
+    processes = processes if total > (1 if ray_address() else POOL_MIN_CHUNKS) * chunk_rows else 1
     done, reused, ok_lengths = 0, 0, []
     # A table of the whole source reports its processor (and its check loads it anyway); a chunk needs it only for what
     # the stored media tokens lack.
