@@ -33,6 +33,15 @@ def write_decisions(path: Path, removed: list[Removal]) -> None:
         pq.write_table(table, tmp)
 
 
+def removal_kinds(path: Path) -> dict[str, str]:
+    """Each reason a sample of the source at `path` was removed for -> its kind of duplicate (none where
+    the source has no decisions yet)."""
+    if not path.exists():
+        return {}
+    table = pq.read_table(path, columns=["reason", "kind"])
+    return dict(zip(table.column("reason").to_pylist(), table.column("kind").to_pylist()))
+
+
 def removed_reasons(path: Path) -> dict[str, str]:
     """Sample id -> why it was removed, of the source whose decisions are at `path` (none where it has none yet)."""
     if not path.exists():
