@@ -41,4 +41,8 @@ def _with_code_versions(defs: dg.Definitions, vlm_config: VlmConfig) -> dg.Defin
     )
 
 
-defs = build_definitions(default_config_path())
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The code location `dagster dev`, `dg` and the daemon load: built when they load it, from the config
+    `$VLM_ASSETS_CONFIG` names (else the demo's), not when this module is imported."""
+    return build_definitions(default_config_path())

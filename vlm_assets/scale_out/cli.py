@@ -8,7 +8,7 @@ import multiprocessing
 import os
 
 from vlm_assets.arguments import whole_number
-from vlm_assets.config import CONFIG_ENV_VAR, load_config
+from vlm_assets.config import CONFIG_ENV_VAR, default_config_path, load_config
 from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, default_home, ensure_dagster_home, project_dir
 from vlm_assets.orchestration.outage import require_reachable
 from vlm_assets.orchestration.workers import default_workers
@@ -57,9 +57,9 @@ def start_worker(args: argparse.Namespace) -> int:
     # Loaded here, before Celery forks its pool processes, rather than by each of them on its first
     # step: the code location, and the processor (seconds) that token counting uses.
     with imports_without_gc():
-        from vlm_assets.definitions import defs
+        from vlm_assets.definitions import build_definitions
 
-        defs.resources["hf_processor"].load()
+        build_definitions(default_config_path()).resources["hf_processor"].load()
         from celery.signals import task_postrun, task_prerun, worker_process_init
         from dagster_celery.app import app as celery_app
 
