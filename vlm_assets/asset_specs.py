@@ -23,7 +23,6 @@ from typing import Any
 from vlm_assets.config import AppConfig
 from vlm_assets.frames.index import INDEX_FILE
 from vlm_assets.frames.plan import PLAN_FILE
-from vlm_assets.frames.render import mosaic_settings
 from vlm_assets.frames.shard import done_path, tar_path
 from vlm_assets.layout import StorageLayout
 from vlm_assets.packing.energon import DATASET_YAML, MAIN_FOLDER_NAME
@@ -70,8 +69,6 @@ class AssetSpec:
     runs_energon: bool = False
     # What a build publishes to object storage, files and folders mirrored whole (None: its outputs).
     published: Paths | None = None
-    # Upstream assets partitioned alike of which a partition reads every partition, not its own alone.
-    reads_every_partition_of: tuple[str, ...] = ()
 
     def publishes(self, layout: StorageLayout, partition: str | None, app: AppConfig) -> list[Path]:
         return (self.published or self.outputs)(layout, partition or "", app)
@@ -113,15 +110,6 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         locks=_writes_source,
     ),
     AssetSpec(
-        "sample_dedup", 1, "dedup", Partitioning.SOURCES, ("sample_catalog",),
-        # A source is compared with the samples kept in the sources before it: their catalogues are
-        # built first (its fingerprint names only those, Fingerprints._sample_dedup).
-        reads_every_partition_of=("sample_catalog",),
-        settings=lambda app: [app.dedup.decision_settings(), mosaic_settings(app.frame_cache)],
-        outputs=lambda layout, source, _app: [layout.dedup(source), layout.dedup_signatures(source)],
-        locks=_writes_source,
-    ),
-    AssetSpec(
         "sample_length_chunk", 4, "catalog", Partitioning.SOURCE_CHUNKS, ("sample_catalog",),
         settings=_lengths_settings, reads_processor=True,
         # Kept in the chunk store for sample_lengths to assemble, not an output of its own.
@@ -129,7 +117,7 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         locks=lambda layout, chunk, _app, _sources: Locks(shared=(layout.source_lock(split_chunk_partition(chunk)[0]),)),
     ),
     AssetSpec(
-        "sample_lengths", 4, "catalog", Partitioning.SOURCES, ("sample_catalog", "sample_dedup", "sample_length_chunk"),
+        "sample_lengths", 3, "catalog", Partitioning.SOURCES, ("sample_catalog", "sample_length_chunk"),
         settings=_lengths_settings, reads_processor=True,
         outputs=lambda layout, source, _app: [layout.lengths(source)],
         locks=_writes_source,

@@ -7,13 +7,13 @@ import os
 import dagster as dg
 
 from vlm_assets.config import ConfigError, default_config_path
-from vlm_assets.defs import automation, catalog, dedup, frame_cache, package, packing
+from vlm_assets.defs import automation, catalog, frame_cache, package, packing
 from vlm_assets.defs.executor import code_location_executor
 from vlm_assets.defs.resources import HFProcessor, VlmConfig
 from vlm_assets.fingerprints import code_versions
 from vlm_assets.tokens.processor import processor_fingerprint
 
-DOMAINS = (catalog, dedup, packing, frame_cache, package, automation)
+DOMAINS = (catalog, packing, frame_cache, package, automation)
 
 
 def build_definitions(config_path: str | os.PathLike[str]) -> dg.Definitions:

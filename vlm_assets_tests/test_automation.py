@@ -30,8 +30,7 @@ from vlm_assets_tests.automation_support import (
     write_inbox_config,
 )
 
-PACKING_LINEAGE = ["energon_dataset", "packed_json", "packed_wds_shards", "packing_bins", "sample_catalog", "sample_dedup",
-                   "sample_lengths"]
+PACKING_LINEAGE = ["energon_dataset", "packed_json", "packed_wds_shards", "packing_bins", "sample_catalog", "sample_lengths"]
 
 
 @pytest.fixture

@@ -39,9 +39,6 @@ def test_the_definitions_declare_which_partitions_each_partition_reads(defs):
     assert isinstance(by_source, dg.MultiToSingleDimensionPartitionMapping) and by_source.partition_dimension_name == "source"
     assert isinstance(assets["packing_bins"].get_partition_mapping(dg.AssetKey("sample_lengths")), dg.IdentityPartitionMapping)
     assert isinstance(assets["frame_cache_index"].get_partition_mapping(dg.AssetKey("frame_cache_shard")), dg.AllPartitionMapping)
-    # A source's dedup reads the catalogues of the sources kept before it: every catalogue is built first.
-    assert isinstance(assets["sample_dedup"].get_partition_mapping(dg.AssetKey("sample_catalog")), dg.AllPartitionMapping)
-    assert isinstance(assets["sample_lengths"].get_partition_mapping(dg.AssetKey("sample_dedup")), dg.IdentityPartitionMapping)
 
 
 def test_a_source_reads_its_own_chunks_and_a_chunk_its_own_source(shape, instance):
@@ -54,11 +51,9 @@ def test_a_source_reads_its_own_chunks_and_a_chunk_its_own_source(shape, instanc
 
 def test_one_partition_brings_the_same_partition_of_its_upstream(shape, instance):
     selection = selection_of(shape, ["sample_lengths[demo_images]"], instance)
-    assert selection.assets == ["sample_catalog", "sample_dedup", "sample_length_chunk", "sample_lengths"]
-    assert selection.keeps("sample_dedup", "demo_images") and not selection.keeps("sample_dedup", "demo_wds")
+    assert selection.assets == ["sample_catalog", "sample_length_chunk", "sample_lengths"]
+    assert selection.keeps("sample_catalog", "demo_images") and not selection.keeps("sample_catalog", "demo_wds")
     assert not selection.keeps("sample_lengths", "demo_video")
-    # Its dedup compares it with the samples kept in the other sources: their catalogues come first.
-    assert selection.keeps("sample_catalog", "demo_images") and selection.keeps("sample_catalog", "demo_wds")
     # The source's chunks, whichever there are; and one chunk brings its source's catalogue only.
     assert selection.keeps("sample_length_chunk", "00007|demo_images")
     assert not selection.keeps("sample_length_chunk", "00000|demo_wds")
@@ -73,8 +68,8 @@ def test_one_partition_brings_the_same_partition_of_its_upstream(shape, instance
 
 def test_an_upstream_partitioned_otherwise_is_built_whole(shape, instance):
     selection = selection_of(shape, ["frame_cache_shard[part-00000]"], instance)
-    assert selection.assets == ["sample_catalog", "sample_dedup", "sample_length_chunk", "sample_lengths",
-                                "video_frame_plan", "frame_cache_shard"]
+    assert selection.assets == ["sample_catalog", "sample_length_chunk", "sample_lengths", "video_frame_plan",
+                                "frame_cache_shard"]
     assert selection.keeps("frame_cache_shard", "part-00000") and not selection.keeps("frame_cache_shard", "part-00001")
     # The plan reads every source's catalogue and token lengths.
     assert all(selection.keeps(asset, source) for source in ("demo_images", "demo_video", "demo_wds")
