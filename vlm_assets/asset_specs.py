@@ -110,7 +110,7 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         locks=_writes_source,
     ),
     AssetSpec(
-        "sample_length_chunk", 4, "catalog", Partitioning.SOURCE_CHUNKS, ("sample_catalog",),
+        "sample_length_chunk", 5, "catalog", Partitioning.SOURCE_CHUNKS, ("sample_catalog",),
         settings=_lengths_settings, reads_processor=True,
         # Kept in the chunk store for sample_lengths to assemble, not an output of its own.
         outputs=lambda _layout, _chunk, _app: [],

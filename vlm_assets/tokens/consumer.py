@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -105,6 +105,11 @@ class ConsumerTemplate:
     # Whether a processor that reads no Qwen-VL markup is still counted (by its own template): only under
     # the default, which is set whatever the model.
     counts_other_families: bool = False
+    # How the consumer tokenises an answer against the assistant header before it (ASSISTANT_HEADER):
+    # ANSWER_APART, the legacy `encode_multiturn` (each template slot and each answer on its own), or
+    # ANSWER_ON_BOUNDARY, `encode_openai` (the whole text at once, then each answer's span of it found by
+    # character offsets, refusing a token across the span's start); "": the processor's own tokenisation.
+    answer_tokenisation: str = ""
 
     def counts(self, processor_class: str) -> bool:
         """Whether a processor of this class can be counted under this template."""
@@ -122,13 +127,19 @@ class ConsumerTemplate:
                 f"{', '.join(templates_for(processor_class))} or load a processor of that family")
 
 
+ANSWER_APART, ANSWER_ON_BOUNDARY = "apart", "on a token boundary"
+# What every answer of these templates follows; its special token ends whatever text comes before.
+ASSISTANT_HEADER = "<|im_start|>assistant\n"
 QWEN2_FAMILY = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor"})
 QWEN3_FAMILY = frozenset({"Qwen3VLProcessor"})
 CONSUMER_TEMPLATES: dict[str, ConsumerTemplate] = {template.name: template for template in (
-    ConsumerTemplate("qwen2-vl", MULTITURN_TEMPLATE, QWEN2_FAMILY, counts_other_families=True),
-    ConsumerTemplate("qwen3-vl", MULTITURN_TEMPLATE, QWEN3_FAMILY, qwen3_plugin=True),
-    ConsumerTemplate("qwen2.5-vl-hf", QWEN2_5_VL_HF_TEMPLATE, frozenset({"Qwen2_5_VLProcessor"})),
-    ConsumerTemplate("qwen3-vl-hf", QWEN3_VL_HF_TEMPLATE, QWEN3_FAMILY, qwen3_plugin=True),
+    ConsumerTemplate("qwen2-vl", MULTITURN_TEMPLATE, QWEN2_FAMILY, counts_other_families=True,
+                     answer_tokenisation=ANSWER_APART),
+    ConsumerTemplate("qwen3-vl", MULTITURN_TEMPLATE, QWEN3_FAMILY, qwen3_plugin=True, answer_tokenisation=ANSWER_APART),
+    ConsumerTemplate("qwen2.5-vl-hf", QWEN2_5_VL_HF_TEMPLATE, frozenset({"Qwen2_5_VLProcessor"}),
+                     answer_tokenisation=ANSWER_ON_BOUNDARY),
+    ConsumerTemplate("qwen3-vl-hf", QWEN3_VL_HF_TEMPLATE, QWEN3_FAMILY, qwen3_plugin=True,
+                     answer_tokenisation=ANSWER_ON_BOUNDARY),
     # The processor's own chat template, with Qwen2-VL's media plugin.
     ConsumerTemplate("processor", None, frozenset()),
 )}
@@ -150,6 +161,24 @@ QWEN3_PLUGIN_MIN_SIDE = 32
 NOT_CARRIED_BY = "not carried by"
 
 Conversation = list[dict[str, Any]]  # role + content parts ({"type": "text" | "image" | "video"})
+
+
+def answers_opening_with_space(conversation: Conversation) -> list[tuple[int, str]]:
+    """(turn, text up to its first medium) of each answer whose first character is white space: only
+    these tokenise differently after the header than on their own, since Qwen's pre-tokenizer keeps a
+    newline apart from any other character that follows it."""
+    found = []
+    for turn, message in enumerate(conversation, start=1):
+        if message["role"] != "assistant":
+            continue
+        text = ""
+        for part in message["content"]:
+            if part.get("type") != "text":
+                break
+            text += part.get("text", "")
+        if text[:1].isspace():
+            found.append((turn, text))
+    return found
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: float, max_pixels: float) -> tuple[int, int]:
@@ -227,6 +256,40 @@ class CountingRule:
         """Why this sample type cannot carry the sample ("" when it can), starting `not carried by <type>: `."""
         why = self._why_not_carried(conversation, media_kinds)
         return f"{NOT_CARRIED_BY} {self.sample_type}: {why}" if why else ""
+
+    @property
+    def _answer_tokenisation(self) -> str:
+        return self.consumer_template.answer_tokenisation if self.resizes_media else ""
+
+    def answer_refusal(self, conversation: Conversation, token_spans: Callable[[str], list[tuple[int, int]]]) -> str:
+        """Why the consumer cannot encode the sample's answers ("" when it can): under an HF template, a
+        token across an answer's start makes LoongForge's `encode_openai` raise "generation boundary
+        splits a token", and the trainer then drops the child's whole pack. `token_spans`: each token's
+        (start, end) characters in a text, as the processor's tokenizer gives them."""
+        if self._answer_tokenisation != ANSWER_ON_BOUNDARY:
+            return ""
+        start = len(ASSISTANT_HEADER)
+        for turn, answer in answers_opening_with_space(conversation):
+            if any(begin < start < end for begin, end in token_spans(ASSISTANT_HEADER + answer)):
+                return (f"{NOT_CARRIED_BY} {self.sample_type}: its answer (turn {turn}) begins with white space "
+                        f"that the tokenizer joins to the assistant header's newline, and LoongForge's "
+                        f"{self.consumer_template.name!r} encoding refuses a token across an answer's start "
+                        "(the trainer would drop the whole pack); strip the answer's leading white space")
+        return ""
+
+    def answer_apart_tokens(self, conversation: Conversation, token_counts: Callable[[list[str]], list[int]]) -> int:
+        """The tokens the consumer's encoding has beyond the rendered text's: under a legacy template
+        each answer is tokenised apart from the header before it, so a leading newline the whole text
+        would join to the header's is a token of its own. `token_counts`: the processor's tokenizer's."""
+        if self._answer_tokenisation != ANSWER_APART:
+            return 0
+        answers = [answer for _turn, answer in answers_opening_with_space(conversation)]
+        if not answers:
+            return 0
+        counts = token_counts(["", ASSISTANT_HEADER, *answers, *(ASSISTANT_HEADER + answer for answer in answers)])
+        added, header = counts[0], counts[1]  # added: what the tokenizer adds to every text (a BOS)
+        apart, joined = counts[2:2 + len(answers)], counts[2 + len(answers):]
+        return sum(header + alone - together - added for alone, together in zip(apart, joined))
 
     def _why_not_carried(self, conversation: Conversation, media_kinds: Sequence[str]) -> str:
         images, videos = media_kinds.count("image"), media_kinds.count("video")

@@ -91,6 +91,11 @@ class LengthResult:
     def rejected(cls, sample_id: str, reason: str) -> LengthResult:
         return cls(sample_id, STATUS_REJECTED, reason, 0, 0, 0, 0)
 
+    def with_text_tokens_added(self, tokens: int) -> LengthResult:
+        if not tokens or self.status != STATUS_OK:
+            return self
+        return replace(self, token_len=self.token_len + tokens, text_tokens=self.text_tokens + tokens)
+
 
 @dataclass(frozen=True)
 class MeasuredSample:
@@ -220,7 +225,13 @@ def sample_refusal(conversation: list[dict[str, Any]], media_kinds: Sequence[str
     """Why the sample gets no length ("" when it gets one): a modality the processor does not take,
     a control token in its text, or a shape its sample type's consumer cannot carry."""
     return (modalities.refusal(media_kinds) or text_refusal(conversation, text, reject_control_tokens)
-            or (rule.refusal(conversation, media_kinds) if rule is not None else ""))
+            or (rule.refusal(conversation, media_kinds) or rule.answer_refusal(conversation, text.token_spans)
+                if rule is not None else ""))
+
+
+def answer_apart_tokens(text: TextCounter, conversation: list[dict[str, Any]], rule: CountingRule | None) -> int:
+    """The text tokens the consumer's encoding has beyond the rendered text's (CountingRule.answer_apart_tokens)."""
+    return rule.answer_apart_tokens(conversation, text.token_counts) if rule is not None else 0
 
 
 def rendered_text(text: TextCounter, conversation: list[dict[str, Any]], rule: CountingRule | None) -> str:
@@ -389,6 +400,11 @@ class LengthCounter:
         except Exception as error:  # a template, a file or a decoder refusing the sample
             _raise_if_machine_failure(error, sample)
             return LengthResult.rejected(sample.sample_id, f"{type(error).__name__}: {error}")
+        return self._encoded_length(sample, text, images, videos, metadata, clip_shapes).with_text_tokens_added(
+            answer_apart_tokens(self.text, conversation, self.rule))
+
+    def _encoded_length(self, sample: SampleForLength, text: str, images: list, videos: list, metadata: list,
+                        clip_shapes: list[ClipShape] | None) -> LengthResult:
         if videos and self.rule is not None and self.rule.plugin_writes_clips:
             return self._count_plugin_clips(sample, text, videos)
         if clip_shapes is not None:
@@ -540,8 +556,8 @@ def measure_samples(
     tokens) and media shapes (images: the size they reach the processor at). `clip_facts`: what the
     clips' text needs of them, known for every video of these samples (see fast_path_counts)."""
     results: list[MeasuredSample | None] = [None] * len(samples)
-    # (index, text, image sizes, videos, video pads)
-    rendered: list[tuple[int, str, tuple[tuple[int, int], ...], int, int]] = []
+    # (index, text, image sizes, videos, video pads, tokens the consumer has beyond the text's)
+    rendered: list[tuple[int, str, tuple[tuple[int, int], ...], int, int, int]] = []
     for index, sample in enumerate(samples):
         clips = modalities.video_clips(sample, clip_facts)
         if clips is None:
@@ -561,16 +577,16 @@ def measure_samples(
                 sizes = tuple(rule.image_size(*size) for size in sizes)
             prompt, video_pads = modalities.expand_videos(
                 modalities.expand_images(rendered_text(text, conversation, rule)), clips)
-            rendered.append((index, prompt, sizes, len(clips), video_pads))
+            rendered.append((index, prompt, sizes, len(clips), video_pads, answer_apart_tokens(text, conversation, rule)))
         except Exception as error:  # same failure classes as the exact path
             _raise_if_machine_failure(error, sample)
             results[index] = MeasuredSample(sample.sample_id, 0, (), 0, f"{type(error).__name__}: {error}")
     counts = text.token_counts([prompt for _index, prompt, *_shapes in rendered]) if rendered else []
-    for (index, _text, sizes, videos, video_pads), count in zip(rendered, counts):
+    for (index, _text, sizes, videos, video_pads, apart), count in zip(rendered, counts):
         # The rendered text holds the expansions' video tokens per video and image tokens per image; the
         # processor's own counts replace them.
         pads = video_pads + len(sizes) * modalities.image_tokens_in_expansion
-        results[index] = MeasuredSample(samples[index].sample_id, count - pads, sizes, videos,
+        results[index] = MeasuredSample(samples[index].sample_id, count - pads + apart, sizes, videos,
                                         video_tokens_are_image_tokens=bool(
                                             videos and sizes and modalities.video_spelled_with_image_tokens))
     return [result for result in results if result is not None]

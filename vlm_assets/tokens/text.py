@@ -45,6 +45,8 @@ class TextCounter(Protocol):
 
     def token_counts(self, texts: Sequence[str]) -> list[int]: ...
 
+    def token_spans(self, text: str) -> list[tuple[int, int]]: ...
+
 
 # Texts tokenised per call: the encodings of a whole length chunk (16,384 samples) at once held
 # hundreds of MB, and a long-lived worker kept that high-water mark.
@@ -75,6 +77,11 @@ class ProcessorText:
 
     def token_counts(self, texts: Sequence[str]) -> list[int]:
         return [len(ids) for batch in _batches(texts) for ids in self.processor.tokenizer(batch)["input_ids"]]
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        """Each token's (start, end) characters in `text`."""
+        encoded = self.processor.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return [(int(start), int(end)) for start, end in encoded["offset_mapping"]]
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,10 @@ class SpecText:
                       for batch in _batches([text for index, text in enumerate(texts) if index not in long])
                       for encoding in self._tokenizer.encode_batch_fast(batch)])
         return [long[index] if index in long else next(short) for index in range(len(texts))]
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        """Each token's (start, end) characters in `text`."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False).offsets)
 
     def count_in_pieces(self, text: str, piece_chars: int = PIECE_CHARS) -> int:
         """The tokens of `text`, tokenised a piece of about `piece_chars` characters at a time."""
