@@ -632,3 +632,73 @@ def test_the_time_a_store_has_to_answer_is_set_in_the_environment(monkeypatch):
         monkeypatch.setenv(STORE_READ_TIMEOUT_ENV_VAR, wrong)
         with pytest.raises(ValueError, match=rf"\$VLM_ASSETS_STORE_READ_TIMEOUT_S must be a positive number of seconds, not '{wrong}'"):
             store_read_timeout_s()
+
+
+CAPTURED_LOGS_QUERY = """
+query ($runId: ID!) { logsForRun(runId: $runId) { __typename ... on EventConnection {
+  events { __typename ... on LogsCapturedEvent { fileKey stepKeys } } } } }"""
+
+
+@pytest.mark.processes
+def test_a_steps_captured_logs_are_kept_on_object_storage_and_the_ui_reads_them_from_there(demo_config_path, tmp_path,
+                                                                                          bucket, monkeypatch):
+    """With $VLM_ASSETS_LOGS_URL set, the instance keeps every step's stdout and stderr in the bucket: a webserver
+    that shares nothing with the machine that ran the step but the instance's database shows them."""
+    from vlm_assets.orchestration.home import LOGS_URL_ENV
+    from vlm_assets_tests.run_support import run
+    from vlm_assets_tests.ui_support import Ui, free_port as free_ui_port, start_dagster, stop_group, wait_for
+
+    demo = demo_config_path.parent
+    config = _config(tmp_path, "site", str(demo / "video_train.jsonl"), str(demo / "media"))
+    home = tmp_path / "site/home"
+    monkeypatch.setenv(LOGS_URL_ENV, f"s3://{bucket}/cluster/logs")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "run-tmp"))  # where the run keeps its local copies of the logs
+    (tmp_path / "run-tmp").mkdir()
+    result = run(config, home, "--select", "sample_catalog", "--workers", "1")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert yaml.safe_load((home / "dagster.yaml").read_text())["compute_logs"]["class"] == "S3ComputeLogManager"
+    stored = list(_objects(bucket, "cluster/logs"))
+    assert stored and all(key.startswith("storage/") for key in stored), stored
+    shutil.rmtree(tmp_path / "run-tmp")
+
+    port, log = free_ui_port(), tmp_path / "webserver.log"
+    with log.open("w") as out:
+        server = start_dagster([str(Path(sys.executable).with_name("dagster-webserver")), "-h", "127.0.0.1",
+                                "-p", str(port), "--empty-workspace"],
+                               env={**os.environ, "DAGSTER_HOME": str(home), "TMPDIR": str(tmp_path)},
+                               stdout=out, stderr=subprocess.STDOUT)
+    try:
+        ui = Ui(port)
+        runs = wait_for("the webserver", 120, lambda: (ui.graphql(
+            "{ runsOrError { ... on Runs { results { runId } } } }")["runsOrError"]["results"] or None, "no run"), log)
+        captured = {}
+        for each in runs:
+            events = ui.graphql(CAPTURED_LOGS_QUERY, {"runId": each["runId"]})["logsForRun"]["events"]
+            for event in events:
+                if event["__typename"] == "LogsCapturedEvent" and "sample_catalog" in event["stepKeys"]:
+                    logs = ui.graphql("query ($key: [String!]!) { capturedLogs(logKey: $key) { stdout stderr } }",
+                                      {"key": [each["runId"], "compute_logs", event["fileKey"]]})["capturedLogs"]
+                    captured[event["fileKey"]] = (logs["stdout"] or "") + (logs["stderr"] or "")
+        assert any("cataloguing jsonl source 'clips'" in text and "clips: 5 ok, 1 rejected" in text
+                   for text in captured.values()), captured
+    finally:
+        stop_group(server, 30)
+
+
+def test_the_projects_own_compute_logs_section_wins_over_the_logs_url(tmp_path, monkeypatch):
+    from vlm_assets.orchestration.home import LOGS_URL_ENV, instance_config_text
+
+    monkeypatch.setenv(LOGS_URL_ENV, "s3://team-logs/dagster")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    written = yaml.safe_load(instance_config_text(_settings(tmp_path, {})))["compute_logs"]
+    assert written["config"] == {"bucket": "team-logs", "prefix": "dagster", "skip_empty_files": True,
+                                 "endpoint_url": {"env": "AWS_ENDPOINT_URL"}}  # the variable's name, not its value
+    own = {"module": "dagster.core.storage.local_compute_log_manager", "class": "LocalComputeLogManager",
+           "config": {"base_dir": str(tmp_path / "logs")}}
+    assert yaml.safe_load(instance_config_text(_settings(tmp_path, {"compute_logs": own})))["compute_logs"] == own
+
+
+def _settings(tmp_path: Path, settings: dict) -> Path:
+    path = tmp_path / f"dagster-{len(settings)}.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    return path

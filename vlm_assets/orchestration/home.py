@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import CONFIG_ENV_VAR
+from vlm_assets.object_store import ObjectURL
 from vlm_assets.orchestration.workers import default_workers
 
 # The project's `dagster.yaml` (beside its workspace.yaml) holds the instance settings the user edits.
@@ -19,6 +21,10 @@ PACKAGED_INSTANCE_CONFIG = Path(__file__).resolve().parents[1] / "instance" / PR
 INSTANCE_CONFIG_HEADER = "# Written by vlm-assets from "
 POSTGRES_TEMPLATE = PACKAGED_INSTANCE_CONFIG.with_name("dagster.postgres.yaml")
 POSTGRES_HOST_ENV = "VLM_ASSETS_PG_HOST"
+# s3://bucket/prefix: every step's captured stdout and stderr are kept there (Dagster's S3 compute log
+# manager), so the UI shows a step's logs whichever machine ran it; the endpoint and credentials are the
+# standard AWS variables, as for the storage root.
+LOGS_URL_ENV = "VLM_ASSETS_LOGS_URL"
 # `dagster dev` finds its code location through this file in the directory it is started from, and
 # reads that directory's `.env` into its environment: the project directory (project_dir).
 WORKSPACE_FILE = "workspace.yaml"
@@ -54,10 +60,24 @@ def instance_config_text(settings_file: Path = PACKAGED_INSTANCE_CONFIG) -> str:
             if isinstance(value, dict) and not os.environ.get(value["env"]) and value["env"] in POSTGRES_DEFAULTS:
                 fields[name] = POSTGRES_DEFAULTS[value["env"]]
         settings.update(storage)
+    if os.environ.get(LOGS_URL_ENV) and "compute_logs" not in settings:
+        settings["compute_logs"] = object_store_compute_logs(os.environ[LOGS_URL_ENV])
     source = settings_file.resolve()
     header = (f"{INSTANCE_CONFIG_HEADER}{source}, rewritten on every run: edit that file, or delete this line "
               "to keep your own edits here.\n")
     return header + yaml.safe_dump(settings, sort_keys=False)
+
+
+def object_store_compute_logs(url: str) -> dict[str, Any]:
+    """The instance's `compute_logs` section keeping captured logs below `url` (s3://bucket/prefix)."""
+    location = ObjectURL.parse(url)
+    config: dict[str, Any] = {"bucket": location.bucket, "prefix": location.key or "dagster-logs",
+                              # An empty stream is no object: a step that printed nothing costs no request.
+                              "skip_empty_files": True}
+    for field, variable in (("endpoint_url", "AWS_ENDPOINT_URL"), ("region", "AWS_DEFAULT_REGION")):
+        if os.environ.get(variable):
+            config[field] = {"env": variable}
+    return {"module": "dagster_aws.s3.compute_log_manager", "class": "S3ComputeLogManager", "config": config}
 
 
 def ensure_dagster_home(default: Path, project: Path | None = None) -> Path:
