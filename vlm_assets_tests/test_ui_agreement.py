@@ -2,7 +2,7 @@
 
 The demo graph is built by `vlm-assets run`, then a real `dagster-webserver` serves its instance.
 After each event (a config edit, a changed source file, a new inbox entry registered by the inbox
-sensor, a run killed mid-step) the asset partitions that `vlm-assets run --plan` would build are
+sensor, a run killed mid-step, a medium replaced, a code-version bump) the asset partitions that `vlm-assets run --plan` would build are
 exactly those the webserver's GraphQL API marks stale, missing or failed; after `vlm-assets run`,
 the UI marks none and the plan lists none.
 """
@@ -10,6 +10,8 @@ the UI marks none and the plan lists none.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +34,7 @@ from vlm_assets_tests.ui_support import Ui, free_port, start_dagster, stop_group
 pytestmark = pytest.mark.processes
 
 WEBSERVER = Path(sys.executable).with_name("dagster-webserver")
+REPO = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 240
 
 ASSET_NODES = """
@@ -190,5 +193,29 @@ def test_run_and_the_ui_agree_on_what_needs_building(tmp_path, monkeypatch):
                 killed.wait(30)
             assert agree("a run killed mid-step") == {"sample_catalog [demo_video]"}
             settle("a run killed mid-step")
+
+            # A medium the JSON-lines source names replaced by another picture (same path, other bytes).
+            (demo / "media/stills/frame_still.jpg").write_bytes((demo / "flat/photos/0001.jpg").read_bytes())
+            assert "sample_catalog [demo_video]" in agree("a medium replaced")
+            settle("a medium replaced")
         finally:
             stop_group(server, 30)
+
+            # A code-version bump: the same code with packing_bins' revision one higher, served and planned alike.
+            code = tmp_path / "code"
+            shutil.copytree(REPO / "vlm_assets", code / "vlm_assets", ignore=shutil.ignore_patterns("__pycache__"))
+            specs = code / "vlm_assets/asset_specs.py"
+            revision = re.search(r'"packing_bins", (\d+),', specs.read_text())
+            specs.write_text(specs.read_text().replace(revision.group(0), f'"packing_bins", {int(revision.group(1)) + 1},'))
+            monkeypatch.setenv("PYTHONPATH", str(code))
+            monkeypatch.chdir(tmp_path)  # `python -m` puts its working directory first on the path: not the checkout
+            server = start_dagster(
+                [str(WEBSERVER), "-m", "vlm_assets.definitions", "--host", "127.0.0.1", "--port", str(port)],
+                cwd=tmp_path, env={**env, "PYTHONPATH": str(code)}, stdout=log_file, stderr=subprocess.STDOUT)
+            try:
+                wait_for_location(ui, STARTUP_TIMEOUT_S, log)
+                assert {f"packing_bins [{name}]" for name in ("demo_images", "demo_video", "demo_wds")} <= agree(
+                    "a code-version bump")
+                settle("a code-version bump")
+            finally:
+                stop_group(server, 30)
