@@ -201,21 +201,21 @@ def test_run_and_the_ui_agree_on_what_needs_building(tmp_path, monkeypatch):
         finally:
             stop_group(server, 30)
 
-            # A code-version bump: the same code with packing_bins' revision one higher, served and planned alike.
-            code = tmp_path / "code"
-            shutil.copytree(REPO / "vlm_assets", code / "vlm_assets", ignore=shutil.ignore_patterns("__pycache__"))
-            specs = code / "vlm_assets/asset_specs.py"
-            revision = re.search(r'"packing_bins", (\d+),', specs.read_text())
-            specs.write_text(specs.read_text().replace(revision.group(0), f'"packing_bins", {int(revision.group(1)) + 1},'))
-            monkeypatch.setenv("PYTHONPATH", str(code))
-            monkeypatch.chdir(tmp_path)  # `python -m` puts its working directory first on the path: not the checkout
-            server = start_dagster(
-                [str(WEBSERVER), "-m", "vlm_assets.definitions", "--host", "127.0.0.1", "--port", str(port)],
-                cwd=tmp_path, env={**env, "PYTHONPATH": str(code)}, stdout=log_file, stderr=subprocess.STDOUT)
-            try:
-                wait_for_location(ui, STARTUP_TIMEOUT_S, log)
-                assert {f"packing_bins [{name}]" for name in ("demo_images", "demo_video", "demo_wds")} <= agree(
-                    "a code-version bump")
-                settle("a code-version bump")
-            finally:
-                stop_group(server, 30)
+        # A code-version bump: the same code with packing_bins' revision one higher, served and planned alike.
+        code = tmp_path / "code"
+        shutil.copytree(REPO / "vlm_assets", code / "vlm_assets", ignore=shutil.ignore_patterns("__pycache__"))
+        specs = code / "vlm_assets/asset_specs.py"
+        revision = re.search(r'"packing_bins", (\d+),', specs.read_text())
+        specs.write_text(specs.read_text().replace(revision.group(0), f'"packing_bins", {int(revision.group(1)) + 1},'))
+        monkeypatch.setenv("PYTHONPATH", str(code))
+        monkeypatch.chdir(tmp_path)  # `python -m` puts its working directory first on the path: not the checkout
+        server = start_dagster(
+            [str(WEBSERVER), "-m", "vlm_assets.definitions", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=tmp_path, env={**env, "PYTHONPATH": str(code)}, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            wait_for_location(ui, STARTUP_TIMEOUT_S, log)
+            assert {f"packing_bins [{name}]" for name in ("demo_images", "demo_video", "demo_wds")} <= agree(
+                "a code-version bump")
+            settle("a code-version bump")
+        finally:
+            stop_group(server, 30)
