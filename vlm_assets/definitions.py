@@ -1,25 +1,26 @@
-"""The code location: every domain's assets, checks, sensors and schedules, with shared resources bound."""
+"""The code location: every asset, check, sensor, schedule and job under `vlm_assets/defs/`, found by
+Dagster's own loader (a module's objects, or the one `Definitions` it holds), with the shared resources
+and the executor bound."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import dagster as dg
 
+import vlm_assets.defs
 from vlm_assets.config import ConfigError, default_config_path
-from vlm_assets.defs import automation, catalog, frame_cache, package, packing
 from vlm_assets.defs.executor import code_location_executor
 from vlm_assets.defs.resources import HFProcessor, VlmConfig
 from vlm_assets.fingerprints import code_versions
 from vlm_assets.tokens.processor import processor_fingerprint
 
-DOMAINS = (catalog, packing, frame_cache, package, automation)
-
 
 def build_definitions(config_path: str | os.PathLike[str]) -> dg.Definitions:
     vlm_config = VlmConfig(config_path=str(config_path))
     defs = dg.Definitions.merge(
-        *(domain.defs for domain in DOMAINS),
+        dg.load_from_defs_folder(path_within_project=Path(vlm_assets.defs.__file__).parent),
         dg.Definitions(resources={"vlm_config": vlm_config, "hf_processor": HFProcessor(vlm_config=vlm_config)}),
         dg.Definitions(executor=code_location_executor()),
     )

@@ -22,7 +22,7 @@ from PIL import Image
 from vlm_assets.catalog.schema import LENGTH_COLUMNS
 from vlm_assets.media.refs import tar_member_ref
 from vlm_assets.config import FrameCacheConfig
-from vlm_assets.defs.frame_cache import defs as frame_cache_defs
+from vlm_assets.defs.frame_cache import assets as frame_cache_assets, checks as frame_cache_checks
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig
 from vlm_assets.frames import cli as frames_cli
 from vlm_assets.media.video import (
@@ -452,10 +452,11 @@ def test_assets_checks_and_cli(clips, tmp_path, capsys):
     config = write_config(tmp_path / "vlm.yaml", storage, SMALL, ["alpha", "beta"])
     resources = {"vlm_config": VlmConfig(config_path=str(config))}
     instance = dg.DagsterInstance.ephemeral()
-    assets = {asset.key.to_user_string(): asset for asset in frame_cache_defs.assets}
+    assets = {asset.key.to_user_string(): asset for asset in dg.load_assets_from_modules([frame_cache_assets])}
     plan_asset, shard_asset, index_asset = (assets[name] for name in ("video_frame_plan", "frame_cache_shard",
                                                                       "frame_cache_index"))
-    checks = {next(iter(check.check_keys)).name: check for check in frame_cache_defs.asset_checks}
+    checks = {next(iter(check.check_keys)).name: check
+              for check in dg.load_asset_checks_from_modules([frame_cache_assets, frame_cache_checks])}
     shard_check, coverage_check = checks["frame_cache_shard_matches_record"], checks["frame_cache_covers_plan"]
 
     result = dg.materialize([plan_asset], resources=resources, instance=instance, selection=[plan_asset])

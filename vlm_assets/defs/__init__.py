@@ -1,4 +1,5 @@
-"""Dagster definitions, one package per domain (catalog, packing, frame_cache, package, automation)."""
+"""Dagster definitions, one package per domain (catalog, packing, frame_cache, package, automation), loaded
+by Dagster's own loader (vlm_assets.definitions): whatever a module here defines is in the code location."""
 
 import warnings
 

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import dagster as dg
 
-from vlm_assets.defs import catalog, frame_cache, package, packing
+import vlm_assets.defs
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, SOURCES_PARTITIONS
 from vlm_assets.defs.tags import LAUNCHED_BY_TAG, PARTITION_TAG
 
 INTEGRITY_CRON = "0 3 * * *"
 PARTITIONINGS: tuple[dg.PartitionsDefinition | None, ...] = (None, SOURCES_PARTITIONS, FRAME_CACHE_SHARD_PARTITIONS)
 STANDALONE_CHECKS: tuple[dg.AssetChecksDefinition, ...] = tuple(
-    check for domain in (catalog, packing, frame_cache, package) for check in domain.defs.asset_checks or ()
-)
+    dg.load_asset_checks_from_package_module(vlm_assets.defs))
 
 
 def _partitioning_name(partitions_def: dg.PartitionsDefinition | None) -> str | None:
@@ -101,3 +100,5 @@ def integrity_job_and_schedule(partitions_def: dg.PartitionsDefinition | None):
 INTEGRITY = [integrity_job_and_schedule(partitions_def) for partitions_def in PARTITIONINGS]
 integrity_jobs = [job for job, _ in INTEGRITY]
 integrity_schedules = [schedule for _, schedule in INTEGRITY]
+# Lists are not collected from a module: the definitions loader takes this object instead.
+defs = dg.Definitions(jobs=integrity_jobs, schedules=integrity_schedules)

@@ -3,7 +3,7 @@
 
 import dagster as dg
 
-from vlm_assets.defs.frame_cache.assets import frame_cache_dir, frame_cache_index, frame_cache_lock, frame_cache_shard
+from vlm_assets.defs.frame_cache.assets import frame_cache_dir, frame_cache_lock
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig
 from vlm_assets.frames.index import verify_coverage, verify_shard
 from vlm_assets.frames.plan import read_plan, shard_members
@@ -18,7 +18,7 @@ def _result(problems: list[str], **metadata) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(
-    asset=frame_cache_shard,
+    asset="frame_cache_shard",
     partitions_def=FRAME_CACHE_SHARD_PARTITIONS,
     blocking=True,
     description="The tar holds exactly the recorded JPEGs at the recorded offsets and sizes, each cols*size × rows*size.",
@@ -36,7 +36,7 @@ def frame_cache_shard_matches_record(context: dg.AssetCheckExecutionContext, vlm
 
 
 @dg.asset_check(
-    asset=frame_cache_index,
+    asset="frame_cache_index",
     blocking=True,
     description="Every planned video key is in index.jsonl or failures.jsonl, exactly once.",
 )
