@@ -49,6 +49,8 @@ class Locks:
 Paths = Callable[[StorageLayout, str, AppConfig], list[Path]]
 # (storage layout, partition or "", config, every source's name) -> locks
 LocksOf = Callable[[StorageLayout, str, AppConfig, tuple[str, ...]], Locks]
+# (storage layout, partition or "", its last materialisation's metadata values) -> each damage, named
+DamageOf = Callable[[StorageLayout, str, dict[str, object]], list[str]]
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class AssetSpec:
     runs_energon: bool = False
     # What a build publishes to object storage, files and folders mirrored whole (None: its outputs).
     published: Paths | None = None
+    # Damage to its outputs beyond a missing or cut-short file, judged from what its build recorded.
+    damage: DamageOf | None = None
 
     def publishes(self, layout: StorageLayout, partition: str | None, app: AppConfig) -> list[Path]:
         return (self.published or self.outputs)(layout, partition or "", app)
@@ -140,6 +144,7 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         settings=lambda app: [app.wds.maxcount, app.wds.maxsize, app.packing.mode],
         outputs=lambda layout, source, _app: [layout.packed_wds(source)],
         locks=_writes_source,
+        damage=lambda layout, source, recorded: _shards_damage(layout, source, recorded, with_energon_index=False),
     ),
     AssetSpec(
         "energon_dataset", 3, "packing", Partitioning.SOURCES, ("packed_wds_shards",),
@@ -147,6 +152,7 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         outputs=lambda layout, source, _app: [layout.packed_wds(source) / MAIN_FOLDER_NAME / DATASET_YAML],
         published=lambda layout, source, _app: [layout.packed_wds(source)],
         locks=_writes_source,
+        damage=lambda layout, source, recorded: _shards_damage(layout, source, recorded, with_energon_index=True),
     ),
     AssetSpec(
         "training_mix", 2, "packing", Partitioning.NONE, ("energon_dataset",),
@@ -265,18 +271,25 @@ def damaged_outputs(layout: StorageLayout, asset: str, partition: str | None, ap
     damage = [f"{path} is missing" for path in outputs if not path.exists()]
     damage += [f"{path} is cut short (no Parquet footer)" for path in outputs
                if path.suffix == ".parquet" and path.is_file() and not _ends_as_parquet(path)]
-    if asset in ("packed_wds_shards", "energon_dataset") and partition is not None and "shards" in recorded:
-        folder = layout.packed_wds(partition)
-        shards = [folder / shard_name(index) for index in range(int(str(recorded["shards"])))]
-        damage += [f"{shard} is missing" for shard in shards if not shard.is_file()]
-        if asset == "packed_wds_shards" and not damage and "bytes" in recorded:
-            # `bytes` counts the tar blocks written; each file ends padded to whole tar records.
-            size = sum(shard.stat().st_size for shard in shards)
-            if size < int(str(recorded["bytes"])) or any(shard.stat().st_size % TAR_RECORD for shard in shards):
-                damage.append(f"the shards in {folder} are cut short ({size} bytes on disk, {recorded['bytes']} written)")
-        if asset == "energon_dataset":
-            needed = [Path(f"{shard}.idx") for shard in shards] + [folder / MAIN_FOLDER_NAME / "index.sqlite"]
-            damage += [f"{path} is missing (Energon's index)" for path in needed if not path.is_file()]
+    damage_of = spec_of(asset).damage
+    return damage + (damage_of(layout, partition or "", recorded) if damage_of is not None else [])
+
+
+def _shards_damage(layout: StorageLayout, source: str, recorded: dict[str, object], with_energon_index: bool) -> list[str]:
+    """A source's shards (as many as its build recorded) missing or cut short; with Energon's index, its files missing."""
+    if "shards" not in recorded:
+        return []
+    folder = layout.packed_wds(source)
+    shards = [folder / shard_name(index) for index in range(int(str(recorded["shards"])))]
+    damage = [f"{shard} is missing" for shard in shards if not shard.is_file()]
+    if not with_energon_index and not damage and "bytes" in recorded:
+        # `bytes` counts the tar blocks written; each file ends padded to whole tar records.
+        size = sum(shard.stat().st_size for shard in shards)
+        if size < int(str(recorded["bytes"])) or any(shard.stat().st_size % TAR_RECORD for shard in shards):
+            damage.append(f"the shards in {folder} are cut short ({size} bytes on disk, {recorded['bytes']} written)")
+    if with_energon_index:
+        needed = [Path(f"{shard}.idx") for shard in shards] + [folder / MAIN_FOLDER_NAME / "index.sqlite"]
+        damage += [f"{path} is missing (Energon's index)" for path in needed if not path.is_file()]
     return damage
 
 

@@ -15,10 +15,9 @@ import dagster as dg
 from vlm_assets.defs.automation.sensors import SENSOR_INTERVAL_S
 from vlm_assets.defs.tags import LAUNCHED_BY_TAG
 
-FOLLOWERS = dg.AssetSelection.assets(
-    dg.AssetKey("energon_dataset"), dg.AssetKey("training_mix"), dg.AssetKey("video_frame_plan"),
-    dg.AssetKey("frame_cache_index"),
-)
+# Every asset with an automation condition (those without one are not evaluated): an asset joins the
+# followers by carrying FOLLOWS_UPSTREAM where it is defined, with no name kept here.
+FOLLOWERS = dg.AssetSelection.all()
 
 
 with warnings.catch_warnings():
@@ -31,6 +30,6 @@ with warnings.catch_warnings():
         minimum_interval_seconds=SENSOR_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         run_tags={LAUNCHED_BY_TAG: "follow_upstream_sensor"},
-        description="Rebuilds energon_dataset, training_mix, video_frame_plan and frame_cache_index after their inputs change "
-        "(their automation condition: vlm_assets.defs.conditions.FOLLOWS_UPSTREAM).",
+        description="Rebuilds each asset that carries an automation condition (vlm_assets.defs.conditions."
+        "FOLLOWS_UPSTREAM; the asset's page shows it) once its inputs changed.",
     )
