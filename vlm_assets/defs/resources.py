@@ -164,6 +164,14 @@ class VlmConfig(dg.ConfigurableResource):
         with self.locked(context.log, locks.exclusive, locks.shared):
             yield
 
+    @contextlib.contextmanager
+    def locked_to_read(self, log: dg.DagsterLogManager, asset: str, partition: str | None = None) -> Iterator[None]:
+        """Hold every lock the spec of `asset` names for `partition`, shared: a check reads the asset's
+        outputs (and what they were built from) while no step writes them, beside other readers."""
+        locks = spec_of(asset).locks_of(self.layout, partition, self.app, [source.name for source in self.sources()])
+        with self.locked(log, shared=(*locks.exclusive, *locks.shared)):
+            yield
+
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         claim_storage_root(self.app.storage_root, self.app.path)
         if self.app.storage_url is not None:

@@ -41,11 +41,6 @@ def frame_cache_dir(vlm_config: VlmConfig) -> Path:
     return vlm_config.layout.frame_cache_dir(vlm_config.app.frame_cache)
 
 
-def frame_cache_lock(vlm_config: VlmConfig, part: str) -> str:
-    settings = vlm_config.app.frame_cache
-    return vlm_config.layout.frame_cache_lock(settings.frame_size, settings.num_frames, part)
-
-
 def _known_frames(vlm_config: VlmConfig, log: dg.DagsterLogManager) -> dict[str, SampledFrames]:
     known: dict[str, SampledFrames] = {}
     for source in vlm_config.sources():

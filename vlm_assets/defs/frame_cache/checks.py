@@ -3,7 +3,7 @@
 
 import dagster as dg
 
-from vlm_assets.defs.frame_cache.assets import frame_cache_dir, frame_cache_lock
+from vlm_assets.defs.frame_cache.assets import frame_cache_dir
 from vlm_assets.defs.resources import FRAME_CACHE_SHARD_PARTITIONS, VlmConfig
 from vlm_assets.frames.index import verify_coverage, verify_shard
 from vlm_assets.frames.plan import read_plan, shard_members
@@ -28,7 +28,7 @@ def frame_cache_shard_matches_record(context: dg.AssetCheckExecutionContext, vlm
     cache_dir = frame_cache_dir(vlm_config)
     shard = context.partition_key
     members = shard_members(read_plan(cache_dir)).get(shard, [])
-    with vlm_config.locked(context.log, shared=[frame_cache_lock(vlm_config, shard)]):
+    with vlm_config.locked_to_read(context.log, "frame_cache_shard", shard):
         record = load_done_shard(cache_dir, shard, members, settings)
         if record is None:
             return _result([f"{shard}: not built, or stale against the plan"])
@@ -42,6 +42,6 @@ def frame_cache_shard_matches_record(context: dg.AssetCheckExecutionContext, vlm
 )
 def frame_cache_covers_plan(context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig) -> dg.AssetCheckResult:
     cache_dir = frame_cache_dir(vlm_config)
-    with vlm_config.locked(context.log, shared=[frame_cache_lock(vlm_config, "index")]):
+    with vlm_config.locked_to_read(context.log, "frame_cache_index"):
         plan = read_plan(cache_dir)
         return _result(verify_coverage(cache_dir, plan), planned_keys=sum(len(video.keys) for video in plan))

@@ -14,7 +14,7 @@ def package_verifies(context: dg.AssetCheckExecutionContext, vlm_config: VlmConf
     package, layout = vlm_config.app.package, vlm_config.layout
     path = layout.package_file(package.name, package.compress)
     try:
-        with vlm_config.locked(context.log, shared=[layout.package_lock(package.name)]):
+        with vlm_config.locked_to_read(context.log, "training_package"):
             report = verify_package(path, log=context.log.info)
     except PackageError as error:
         return dg.AssetCheckResult(passed=False, metadata={"path": str(path), "error": str(error)})

@@ -118,7 +118,7 @@ def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_confi
     root = layout.packed_wds(source)
     loaded_record = layout.energon_loaded(source)
     # Shared with other readers; excludes the shard writers and a re-prepare while Energon reads.
-    with vlm_config.locked(context.log, shared=[layout.source_lock(source)]):
+    with vlm_config.locked_to_read(context.log, "energon_dataset", source):
         bins_path = layout.bins(source)
         expected = [record_id(source, bin_id) for bin_id in BinsOnDisk.read(bins_path).bin_ids.tolist()] if bins_path.exists() else []
         live_uuid = live_index_uuid(root)
@@ -163,7 +163,7 @@ def training_mix_draws_match_weights(context: dg.AssetCheckExecutionContext, vlm
 
     layout = vlm_config.layout
     sources, _ = vlm_config.mix_sources(context.log)
-    with vlm_config.locked(context.log, shared=[layout.TRAINING_MIX_LOCK, *(layout.source_lock(s.name) for s in sources)]):
+    with vlm_config.locked_to_read(context.log, "training_mix"):
         try:
             entries = mix_entries(vlm_config.app, sources, layout)
         except MixError as error:
