@@ -50,9 +50,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
                           "add a `sources:` list (inbox entries are built by the inbox sensor under `dagster dev`)")
     # The code location reads the same file, so the UI and this run agree on settings.
     os.environ[CONFIG_ENV_VAR] = str(app.path)
+    # An instance named explicitly (the variable or the option) is this command's choice alone: writing it
+    # into the project's .env would make every later `dagster dev` there show it too, silently.
+    named = bool(args.dagster_home or os.environ.get("DAGSTER_HOME"))
     home = ensure_dagster_home(Path(args.dagster_home) if args.dagster_home else default_home(app.path), project_dir(app.path))
     dagster = Path(sys.executable).parent / "dagster"  # the venv's, which a fresh shell has no PATH to
-    if remember_for_dagster_dev(home, app.path):
+    if not named and remember_for_dagster_dev(home, app.path):
         print(f"Dagster instance: {home}  (see the runs with: cd {shlex.quote(str(project_dir(app.path)))} && "
               f"{shlex.quote(str(dagster))} dev)", flush=True)
     else:

@@ -5,6 +5,7 @@ and both use the instance settings of the project's `dagster.yaml`."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -72,6 +73,22 @@ def test_run_from_anywhere_and_dagster_dev_in_the_project_use_one_instance(tmp_p
     assert (own / "dagster.yaml").is_file()
     assert _dagster_home_seen_by_dagster(project) == str(own)
     assert f"DAGSTER_HOME={own}" in (project / ".env").read_text()
+
+
+def test_an_instance_named_by_the_variable_is_not_written_into_the_projects_env(tmp_path):
+    """A bench or a script exporting DAGSTER_HOME leaves the project's .env alone: `dagster dev` started there
+    later shows the project's instance, not the one a single command named."""
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(REPO / "workspace.yaml", project / "workspace.yaml")
+    config = write_demo(project / "demo")
+    home = tmp_path / "bench home"
+    planned = subprocess.run([sys.executable, "-m", "vlm_assets.cli", "run", "--config", str(config), "--plan"],
+                             cwd=project, env={**_without_instance_variables(), "DAGSTER_HOME": str(home)},
+                             capture_output=True, text=True, timeout=300)
+    assert planned.returncode == 0, planned.stdout[-3000:]
+    assert (home / "dagster.yaml").is_file() and not (project / ".env").exists()
+    assert f"DAGSTER_HOME={shlex.quote(str(home))}" in planned.stdout  # the printed command names it
 
 
 def test_the_hint_for_an_instance_outside_the_projects_shows_that_instance_from_any_folder(tmp_path):
