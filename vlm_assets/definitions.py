@@ -1,11 +1,13 @@
 """The code location: every asset, check, sensor, schedule and job under `vlm_assets/defs/`, found by
-Dagster's own loader (a module's objects, or the one `Definitions` it holds), with the shared resources
-and the executor bound."""
+Dagster's own loader (`load_definitions_from_package_module`: each module's objects, or the one
+`Definitions` it holds), with the shared resources and the executor bound.
+
+Not `load_from_defs_folder`: it also imports every installed package that registers Dagster components
+(dagster-aws's take a second), on every load of the code location, by every run."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import dagster as dg
 
@@ -20,7 +22,7 @@ from vlm_assets.tokens.processor import processor_fingerprint
 def build_definitions(config_path: str | os.PathLike[str]) -> dg.Definitions:
     vlm_config = VlmConfig(config_path=str(config_path))
     defs = dg.Definitions.merge(
-        dg.load_from_defs_folder(path_within_project=Path(vlm_assets.defs.__file__).parent),
+        dg.load_definitions_from_package_module(vlm_assets.defs),
         dg.Definitions(resources={"vlm_config": vlm_config, "hf_processor": HFProcessor(vlm_config=vlm_config)}),
         dg.Definitions(executor=code_location_executor()),
     )

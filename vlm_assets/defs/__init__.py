@@ -12,3 +12,6 @@ warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*partiti
 # Code versions come from the config (vlm_assets.definitions) through Definitions.map_asset_specs,
 # a preview API we use knowingly.
 warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*map_(resolved_)?asset_specs.*")
+# The code location loads this package with Definitions' package loader (vlm_assets.definitions), a
+# preview API we use knowingly.
+warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*load_definitions_from_(package_module|modules).*")
