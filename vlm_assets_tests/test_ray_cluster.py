@@ -5,7 +5,9 @@ lost mid-step costs its tasks only, which run again on another node."""
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from vlm_assets.parallel import RAY_ADDRESS_ENV_VAR, ordered_map
+from vlm_assets.parallel import RAY_ADDRESS_ENV_VAR, STEP_PROCESSES_ENV_VAR, ordered_map
 from vlm_assets_tests.ray_support import (
     LOOPBACK,
     LoopbackRayCluster,
@@ -111,6 +113,28 @@ def test_a_source_built_on_the_cluster_gives_the_one_machine_bytes(cluster, mani
     with dg.DagsterInstance.from_config(str(config.parent / "home")) as instance:
         for asset in ("sample_catalog", "sample_lengths", "packed_wds_shards"):
             assert instance.get_latest_materialization_event(dg.AssetKey(asset)) is not None
+
+
+def test_a_run_dagster_launches_itself_sends_its_chunks_to_the_cluster_its_environment_names(
+        cluster, manifest, one_machine, tmp_path):
+    """Not only `vlm-assets run`: a run Dagster executes from its own command (as the daemon's runs and the UI's
+    Materialize do, in a process that inherits the environment) takes $VLM_ASSETS_RAY_ADDRESS too."""
+    config = _site(tmp_path / "site", manifest)
+    home = config.parent / "home"
+    home.mkdir()
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions("sources", ["mixed"])
+    env = {**os.environ, "DAGSTER_HOME": str(home), "VLM_ASSETS_CONFIG": str(config),
+           RAY_ADDRESS_ENV_VAR: cluster.address, STEP_PROCESSES_ENV_VAR: "2"}
+    with TaskWatch(cluster) as watch:
+        result = subprocess.run(
+            [str(Path(sys.executable).with_name("dagster")), "asset", "materialize", "-m", "vlm_assets.definitions",
+             "--select", "sample_catalog", "--partition", "mixed"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    for node in (1, 2):
+        assert CATALOGUE_TASK in watch.seen[node], watch.seen
+    assert _outputs(config) == {"catalog/mixed.parquet": one_machine["catalog/mixed.parquet"]}
 
 
 def test_a_node_lost_mid_step_costs_only_its_tasks_which_run_again_elsewhere(manifest, one_machine, tmp_path):
