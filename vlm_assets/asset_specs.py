@@ -23,6 +23,7 @@ from typing import Any
 from vlm_assets.config import AppConfig
 from vlm_assets.frames.index import INDEX_FILE
 from vlm_assets.frames.plan import PLAN_FILE
+from vlm_assets.frames.render import mosaic_settings
 from vlm_assets.frames.shard import done_path, tar_path
 from vlm_assets.layout import StorageLayout
 from vlm_assets.packing.energon import DATASET_YAML, MAIN_FOLDER_NAME
@@ -114,6 +115,13 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         locks=_writes_source,
     ),
     AssetSpec(
+        # Reads the catalogues of the sources kept before its own too (Fingerprints._sample_dedup).
+        "sample_dedup", 1, "dedup", Partitioning.SOURCES, ("sample_catalog",),
+        settings=lambda app: [app.dedup.decision_settings(), mosaic_settings(app.frame_cache)],
+        outputs=lambda layout, source, _app: [layout.dedup(source), layout.dedup_signatures(source)],
+        locks=_writes_source,
+    ),
+    AssetSpec(
         "sample_length_chunk", 5, "catalog", Partitioning.SOURCE_CHUNKS, ("sample_catalog",),
         settings=_lengths_settings, reads_processor=True,
         # Kept in the chunk store for sample_lengths to assemble, not an output of its own.
@@ -121,7 +129,7 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         locks=lambda layout, chunk, _app, _sources: Locks(shared=(layout.source_lock(split_chunk_partition(chunk)[0]),)),
     ),
     AssetSpec(
-        "sample_lengths", 3, "catalog", Partitioning.SOURCES, ("sample_catalog", "sample_length_chunk"),
+        "sample_lengths", 4, "catalog", Partitioning.SOURCES, ("sample_catalog", "sample_dedup", "sample_length_chunk"),
         settings=_lengths_settings, reads_processor=True,
         outputs=lambda layout, source, _app: [layout.lengths(source)],
         locks=_writes_source,

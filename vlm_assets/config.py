@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +153,42 @@ class PackageConfig:
 
 
 @dataclass(frozen=True)
+class DedupConfig:
+    """Which duplicates `sample_dedup` removes before the token lengths, and how near is near."""
+
+    # Media bytes (sha256) and normalised conversation both equal to a kept sample's.
+    exact: bool = True
+    # Perceptual hashes (pHash) of images, of frames sampled across each video, and MinHash of the text.
+    near_images: bool = False
+    near_videos: bool = False
+    near_text: bool = False
+    # Remove a sample whose media match a kept sample's whatever its text (one caption per image).
+    media_only: bool = False
+    # Most differing bits of two 64-bit image pHashes: a copy resized or re-encoded differs in 0-2, one
+    # cropped by 3 % on two edges in about 8; unrelated pictures in about 30.
+    image_distance: int = 10
+    video_distance: float = 8.0  # most differing bits, averaged over the sampled frames
+    video_frames: int = 8  # frames per video hashed, spread over the frame cache's sampled ones
+    text_threshold: float = 0.85  # least estimated Jaccard similarity of two texts' shingles
+    text_shingle_chars: int = 5
+    text_permutations: int = 128  # MinHash permutations
+    # Sources whose kept samples win, first ahead (the others follow in config order).
+    priority: tuple[str, ...] = ()
+    # The share of a source's catalogued samples its dedup check lets go before failing.
+    max_removed_share: float = 0.5
+
+    def decision_settings(self) -> dict[str, Any]:
+        """Every setting but the check's share: what the decisions depend on."""
+        return {name: value for name, value in asdict(self).items() if name != "max_removed_share"}
+
+    def signature_settings(self) -> dict[str, Any]:
+        """What a sample's signatures depend on: a change recomputes them; thresholds only decide."""
+        return {"near_images": self.near_images or self.media_only, "near_videos": self.near_videos or self.media_only,
+                "near_text": self.near_text, "video_frames": self.video_frames,
+                "text_shingle_chars": self.text_shingle_chars, "text_permutations": self.text_permutations}
+
+
+@dataclass(frozen=True)
 class AppConfig:
     path: Path
     storage_root: Path
@@ -166,6 +202,7 @@ class AppConfig:
     frame_cache: FrameCacheConfig
     package: PackageConfig
     trainer: TrainerConfig = TrainerConfig()
+    dedup: DedupConfig = DedupConfig()
     # `storage.root` on object storage: every output is built in `storage_root` (then a local working
     # copy, `storage.work_dir`) and published there (vlm_assets.publish).
     storage_url: ObjectURL | None = None
@@ -190,6 +227,9 @@ _SECTION_KEYS = {
     "package": {"name", "compress", "include", "hyperparameters", "train_command"},
     "trainer": {"chat_template", "min_pixels", "max_pixels", "image_resolution", "frame_min_pixels",
                 "frame_max_pixels", "video_max_pixels", "fps", "fps_min_frames", "fps_max_frames"},
+    "dedup": {"exact", "near_images", "near_videos", "near_text", "media_only", "image_distance", "video_distance",
+              "video_frames", "text_threshold", "text_shingle_chars", "text_permutations", "priority",
+              "max_removed_share"},
 }
 _TOP_KEYS = set(_SECTION_KEYS) | {"inbox", "inbox_require_ready_marker", "sources"}
 _SOURCE_KEYS = {"name", "kind", "path", "media_root", "sample_type", "weight", "subflavors",
@@ -283,6 +323,44 @@ def _trainer_config(reader: _Reader, data: dict[str, Any]) -> TrainerConfig:
         if getattr(trainer, low) > getattr(trainer, high):
             raise reader.fail(f"trainer.{low}", f"must be <= trainer.{high} ({getattr(trainer, low)} > {getattr(trainer, high)})")
     return trainer
+
+
+def _dedup_config(reader: _Reader, data: dict[str, Any], source_names: list[str]) -> DedupConfig:
+    defaults = DedupConfig()
+    switches = {}
+    for name in ("exact", "near_images", "near_videos", "near_text", "media_only"):
+        value = data.get(name, getattr(defaults, name))
+        if not isinstance(value, bool):
+            raise reader.fail(f"dedup.{name}", f"expected true or false, got {value!r}")
+        switches[name] = value
+    shares = {}
+    for name in ("video_distance", "text_threshold", "max_removed_share"):
+        shares[name] = reader.number(data, name, "dedup", getattr(defaults, name))
+    if not 0 < shares["text_threshold"] <= 1:
+        raise reader.fail("dedup.text_threshold", f"must be a Jaccard similarity in (0, 1], got {shares['text_threshold']}")
+    if not 0 <= shares["max_removed_share"] <= 1:
+        raise reader.fail("dedup.max_removed_share", f"must be a share in [0, 1], got {shares['max_removed_share']}")
+    if not 0 <= shares["video_distance"] <= 64:
+        raise reader.fail("dedup.video_distance", f"must be a number of bits in [0, 64], got {shares['video_distance']}")
+    priority = data.get("priority", [])
+    if not isinstance(priority, list) or not all(isinstance(name, str) for name in priority):
+        raise reader.fail("dedup.priority", f"expected a list of source names, got {priority!r}")
+    if len(set(priority)) != len(priority):
+        raise reader.fail("dedup.priority", f"names a source twice: {priority!r}")
+    # Inbox sources have no name until they arrive, so only configured names are checked.
+    unknown = [name for name in priority if name not in source_names]
+    if unknown and source_names:
+        raise reader.fail("dedup.priority", f"no configured source named {unknown[0]!r} (known: {', '.join(source_names)})")
+    return DedupConfig(
+        **switches, **shares,
+        # Up to 32 bits: the index splits a hash into distance + 1 bands, each at least 1 bit wide.
+        image_distance=reader.integer(data, "image_distance", "dedup", defaults.image_distance, minimum=0, maximum=32),
+        video_frames=reader.integer(data, "video_frames", "dedup", defaults.video_frames, maximum=64),
+        text_shingle_chars=reader.integer(data, "text_shingle_chars", "dedup", defaults.text_shingle_chars),
+        text_permutations=reader.integer(data, "text_permutations", "dedup", defaults.text_permutations, minimum=16,
+                                         maximum=1024),
+        priority=tuple(priority),
+    )
 
 
 def package_name_problem(name: Any) -> str | None:
@@ -405,13 +483,16 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
     if problem:
         raise reader.fail("package.name", problem)
 
+    sources = _parse_sources(reader, top.get("sources"), inbox_given="inbox" in top)
+    dedup = _dedup_config(reader, sections["dedup"], [source.name for source in sources])
+
     return AppConfig(
         path=config_path,
         storage_root=storage_root,
         storage_url=storage_url,
         inbox=reader.resolve(inbox_raw),
         inbox_require_ready_marker=ready_marker,
-        sources=_parse_sources(reader, top.get("sources"), inbox_given="inbox" in top),
+        sources=sources,
         model=model,
         sample=sample,
         packing=packing,
@@ -419,6 +500,7 @@ def parse_config(raw: Any, config_path: Path) -> AppConfig:
         frame_cache=frame_cache,
         trainer=trainer,
         package=package,
+        dedup=dedup,
     )
 
 

@@ -44,6 +44,8 @@ sample: {sample_type: packed_multi_mix_qa, max_token_len: 8192, text_key: messag
 packing: {min_fill_ratio: 0.2}
 wds: {maxcount: 4, maxsize: 50000000}
 frame_cache: {num_frames: 64, frame_size: 384, rows: 4, cols: 16, jpeg_quality: 95, videos_per_shard: 2}
+# Duplicates removed before the token lengths: exact ones always, near ones here too.
+dedup: {near_images: true, near_videos: true, near_text: true}
 package:
   name: demo_run
   compress: zstd

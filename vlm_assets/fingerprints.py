@@ -25,6 +25,7 @@ from typing import Any
 from vlm_assets.asset_specs import SPECS, Partitioning
 from vlm_assets.catalog.source_walk import SourceFiles, walk_source
 from vlm_assets.config import AppConfig, SourceConfig
+from vlm_assets.dedup.order import priority_order
 from vlm_assets.frames.plan import (
     PLAN_FILE,
     frames_source_files,
@@ -118,6 +119,16 @@ class Fingerprints:
     def _sample_catalog(self, source: str) -> str:
         return self._of("sample_catalog", source, self.source_files(source), self.sources[source].chunk_rows)
 
+    def _sample_dedup(self, source: str) -> str:
+        # Its decisions follow from every catalogue kept before its own, in keep order.
+        return self._of("sample_dedup", source, [(name, self.recorded("sample_catalog", name))
+                                                 for name in self.dedup_ahead(source) + [source]])
+
+    def dedup_ahead(self, source: str) -> list[str]:
+        """The sources whose kept samples win over `source`'s, in keep order."""
+        order = priority_order(self.sources, self.app.dedup.priority)
+        return order[:order.index(source)]
+
     def _sample_length_chunk(self, key: str) -> str:
         source, index = split_chunk_partition(key)
         if source not in self._chunk_plans:
@@ -130,6 +141,7 @@ class Fingerprints:
 
     def _sample_lengths(self, source: str) -> str:
         return self._of("sample_lengths", source, self.recorded("sample_catalog", source),
+                        self.recorded("sample_dedup", source),
                         self.sources[source].special_tokens_in_text, self._sample_type(source))
 
     def _packing_bins(self, source: str) -> str:

@@ -17,7 +17,7 @@ OWNER_NAME = ".vlm_assets_owner.json"
 # A package's file name ends by its outer compression (`package.compress`).
 PACKAGE_EXTENSIONS = {"gzip": ".nnpkg", "zstd": ".nnpkg.zst"}
 # The top-level folder of each kind of output, in build order.
-OUTPUT_FOLDERS = ("catalog", "lengths", "packing", "packed_json", "packed_wds", "frame_cache", "packages")
+OUTPUT_FOLDERS = ("catalog", "dedup", "lengths", "packing", "packed_json", "packed_wds", "frame_cache", "packages")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,14 @@ class StorageLayout:
 
     def media_checks(self, source: str) -> Path:
         return self.root / "catalog" / f"{source}.media_checks.sqlite"
+
+    def dedup(self, source: str) -> Path:
+        """The samples `sample_dedup` removed from the source, each with the sample kept and why (vlm_assets.dedup)."""
+        return self.root / "dedup" / f"{source}.parquet"
+
+    def dedup_signatures(self, source: str) -> Path:
+        """The signatures of the source's catalogued samples, kept for a rebuild to reuse (vlm_assets.dedup.signatures)."""
+        return self.root / "dedup" / f"{source}.signatures.parquet"
 
     def lengths(self, source: str) -> Path:
         return self.root / "lengths" / f"{source}.parquet"

@@ -30,7 +30,8 @@ from vlm_assets_tests.automation_support import (
     write_inbox_config,
 )
 
-PACKING_LINEAGE = ["energon_dataset", "packed_json", "packed_wds_shards", "packing_bins", "sample_catalog", "sample_lengths"]
+PACKING_LINEAGE = ["energon_dataset", "packed_json", "packed_wds_shards", "packing_bins", "sample_catalog", "sample_dedup",
+                   "sample_lengths"]
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from vlm_assets.tokens.chunk_plan import chunk_partition_key
 from vlm_assets.tokens.processor import processor_fingerprint
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
-SOURCE_ASSETS = ["sample_catalog", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards", "energon_dataset"]
+SOURCE_ASSETS = ["sample_catalog", "sample_dedup", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards", "energon_dataset"]
 GLOBAL_ASSETS = ["video_frame_plan", "frame_cache_index", "training_mix", "training_package"]
 SHARD = "part-00000"
 
@@ -81,6 +81,19 @@ CHANGES: dict[str, dict[str, Any]] = {
     "package.include": {"package.include": ["packed_wds"]},
     "package.hyperparameters": {"package.hyperparameters": {"lr": 1e-5}},
     "package.train_command": {"package.train_command": "torchrun train.py"},
+    "dedup.exact": {"dedup.exact": False},
+    "dedup.near_images": {"dedup.near_images": True},
+    "dedup.near_videos": {"dedup.near_videos": True},
+    "dedup.near_text": {"dedup.near_text": True},
+    "dedup.media_only": {"dedup.media_only": True},
+    "dedup.image_distance": {"dedup.image_distance": 3},
+    "dedup.video_distance": {"dedup.video_distance": 4.5},
+    "dedup.video_frames": {"dedup.video_frames": 4},
+    "dedup.text_threshold": {"dedup.text_threshold": 0.7},
+    "dedup.text_shingle_chars": {"dedup.text_shingle_chars": 3},
+    "dedup.text_permutations": {"dedup.text_permutations": 64},
+    "dedup.priority": {"dedup.priority": ["b"]},
+    "dedup.max_removed_share": {"dedup.max_removed_share": 0.1},
 }
 
 
@@ -116,7 +129,7 @@ def loader_keys(tmp_path: Path) -> set[str]:
         return re.search(r"unknown key \(allowed: ([^)]*)\)", str(error.value)).group(1).split(", ")
 
     keys = set()
-    sections = {"storage", "model", "sample", "packing", "wds", "frame_cache", "package", "trainer"}
+    sections = {"storage", "model", "sample", "packing", "wds", "frame_cache", "package", "trainer", "dedup"}
     for key in allowed({"bogus": 1}):
         if key in sections:
             keys |= {f"{key}.{name}" for name in allowed({key: {"bogus": 1}})}

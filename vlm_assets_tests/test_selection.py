@@ -51,7 +51,7 @@ def test_a_source_reads_its_own_chunks_and_a_chunk_its_own_source(shape, instanc
 
 def test_one_partition_brings_the_same_partition_of_its_upstream(shape, instance):
     selection = selection_of(shape, ["sample_lengths[demo_images]"], instance)
-    assert selection.assets == ["sample_catalog", "sample_length_chunk", "sample_lengths"]
+    assert selection.assets == ["sample_catalog", "sample_dedup", "sample_length_chunk", "sample_lengths"]
     assert selection.keeps("sample_catalog", "demo_images") and not selection.keeps("sample_catalog", "demo_wds")
     assert not selection.keeps("sample_lengths", "demo_video")
     # The source's chunks, whichever there are; and one chunk brings its source's catalogue only.
@@ -68,8 +68,8 @@ def test_one_partition_brings_the_same_partition_of_its_upstream(shape, instance
 
 def test_an_upstream_partitioned_otherwise_is_built_whole(shape, instance):
     selection = selection_of(shape, ["frame_cache_shard[part-00000]"], instance)
-    assert selection.assets == ["sample_catalog", "sample_length_chunk", "sample_lengths", "video_frame_plan",
-                                "frame_cache_shard"]
+    assert selection.assets == ["sample_catalog", "sample_dedup", "sample_length_chunk", "sample_lengths",
+                                "video_frame_plan", "frame_cache_shard"]
     assert selection.keeps("frame_cache_shard", "part-00000") and not selection.keeps("frame_cache_shard", "part-00001")
     # The plan reads every source's catalogue and token lengths.
     assert all(selection.keeps(asset, source) for source in ("demo_images", "demo_video", "demo_wds")

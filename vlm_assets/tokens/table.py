@@ -19,7 +19,7 @@ import hashlib
 import random
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
-from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK
+from vlm_assets.catalog.schema import LENGTH_COLUMNS, STATUS_OK, STATUS_REJECTED
 from vlm_assets.config import FrameCacheConfig, ModelConfig
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.media.checks import verify_medium_stamp
@@ -271,6 +271,7 @@ def write_length_table(
     rows: range | None = None,
     rule: CountingRule | None = None,
     clip_spool: Path | None = None,
+    removed: Mapping[str, str] | None = None,
 ) -> LengthTableSummary:
     """Write the length table of the catalogue at `catalog` to `target` (atomically).
 
@@ -282,6 +283,9 @@ def write_length_table(
     `clip_spool`: the mosaic spool the catalogue's decoding pass kept each video's frame count, fps and
     sampled indices in (vlm_assets.frames.spool), for a family whose video text follows them; without
     it, or for a video it does not hold, such a sample is counted by the exact path (decoded).
+    `removed`: sample id -> reason of the samples deduplication removed (vlm_assets.dedup), rejected
+    in the table with that reason; the chunk store keeps their measured lengths, so a changed
+    decision rewrites the table without measuring again.
     """
     if target is None and (store is None or rows is None):
         raise ValueError("measuring without a target table needs a chunk store and a row range")
@@ -325,6 +329,8 @@ def write_length_table(
                 table = pa.table(dict(zip(LENGTH_COLUMNS, zip(*rows))), schema=LENGTH_SCHEMA)
                 if store is not None:
                     store.save(key, table)
+            if removed:
+                table = _rejected_as_removed(table, removed)
             if writer is not None:
                 writer.write_table(table)
             status, token_len = table.column("status").to_numpy(), table.column("token_len").to_numpy()
@@ -357,6 +363,21 @@ def write_length_table(
         store_media_tokens(model, frame_cache, load.counter(), load.media_tokens)
         profile = processor_profile(load.counter())
     return LengthTableSummary(total, processes, lengths, profile, reused)
+
+
+def _rejected_as_removed(table: pa.Table, removed: Mapping[str, str]) -> pa.Table:
+    """`table` with the rows of `removed` samples rejected with their reason, their counts 0."""
+    hit = np.array([sample_id in removed for sample_id in table.column("sample_id").to_pylist()], dtype=bool)
+    if not hit.any():
+        return table
+    mask = pa.array(hit)
+    columns = {
+        "status": pc.if_else(mask, STATUS_REJECTED, table.column("status")),
+        "reason": pa.array([removed[sample_id] if drop else reason for sample_id, reason, drop in zip(
+            table.column("sample_id").to_pylist(), table.column("reason").to_pylist(), hit)], pa.string()),
+        **{name: pc.if_else(mask, 0, table.column(name)) for name in LENGTH_COLUMNS[3:]},
+    }
+    return pa.table({name: columns.get(name, table.column(name)) for name in LENGTH_COLUMNS}, schema=LENGTH_SCHEMA)
 
 
 def sample_kind(media_kinds: list[str]) -> str:

@@ -16,6 +16,7 @@ from vlm_assets.media.checks import MediaCheckLog
 from vlm_assets.media.copies import MediaCopies
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import CatalogSummary, SourceChangedError, write_catalog
+from vlm_assets.dedup.decisions import removed_reasons
 from vlm_assets.defs.catalog.source_files import (
     observed_digest,
     observed_source_files,
@@ -196,6 +197,8 @@ def _measure_lengths(context: dg.AssetExecutionContext, vlm_config: VlmConfig, s
         # The frame count, fps and frame indices the catalogue's decoding pass found for each video:
         # a family whose video text follows them (Qwen3-VL's timestamps) counts them without a decode.
         clip_spool=layout.mosaic_spool(app.frame_cache),
+        # The whole table rejects the samples deduplication removed; a chunk's measurements are kept as they are.
+        removed=removed_reasons(layout.dedup(source.name)) if target is not None else None,
     )
     if summary.reused_rows:
         context.log.info(f"{context.partition_key}: {plural(summary.reused_rows, 'row')} reused from chunks measured before")

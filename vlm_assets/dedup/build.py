@@ -1,0 +1,57 @@
+"""A source's deduplication: its signatures, those of the sources kept before it, and the decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vlm_assets.config import DedupConfig, FrameCacheConfig
+from vlm_assets.dedup.decide import SourceDecisions, decide
+from vlm_assets.dedup.decisions import write_decisions
+from vlm_assets.dedup.signatures import SampleSignature, source_signatures
+from vlm_assets.layout import StorageLayout
+from vlm_assets.parquet_batches import rows_with_ids
+
+
+@dataclass(frozen=True)
+class DedupOutcome:
+    decisions: SourceDecisions
+    signatures_computed: int  # of this source's samples, computed now (the rest were stored)
+    signatures_rewritten: bool
+    sources_ahead: list[str]  # the sources kept before this one that have a catalogue
+    signatures_computed_ahead: int  # of theirs, not stored yet and computed here (not stored by this step)
+
+
+def deduplicate_source(layout: StorageLayout, source: str, ahead: list[str], settings: DedupConfig,
+                       frame_cache: FrameCacheConfig, processes: int = 1,
+                       progress: Callable[[int], None] | None = None) -> DedupOutcome:
+    """Decide which of `source`'s samples duplicate one kept before them (in the sources `ahead`, in
+    keep order, or earlier in `source`), write the decisions and `source`'s signatures."""
+    spool = layout.mosaic_spool(frame_cache)
+    signed: list[tuple[str, list[SampleSignature]]] = []
+    computed_ahead = 0
+    for name in ahead:
+        if not layout.catalog(name).exists():
+            continue  # not catalogued yet: the decisions are rebuilt once it is (their fingerprint names it)
+        # Their own step stores their signatures; those it has not stored yet are computed here, in memory.
+        table = source_signatures(layout.catalog(name), layout.dedup_signatures(name), settings, spool, frame_cache,
+                                  processes, persist=False)
+        computed_ahead += table.computed
+        signed.append((name, table.signatures))
+    own = source_signatures(layout.catalog(source), layout.dedup_signatures(source), settings, spool, frame_cache,
+                            processes, progress=progress)
+    decisions = decide([*signed, (source, own.signatures)], settings)[source]
+    write_decisions(layout.dedup(source), decisions.removed)
+    return DedupOutcome(decisions, own.computed, own.written, [name for name, _ in signed], computed_ahead)
+
+
+def first_media(layout: StorageLayout, sources: list[str], sample_ids: set[str]) -> dict[str, tuple[str, str]]:
+    """The first medium (kind, ref) of each of `sample_ids` that has one, read from its source's catalogue."""
+    media: dict[str, tuple[str, str]] = {}
+    for name in sources:
+        ids = [sample_id for sample_id in sample_ids if sample_id.startswith(f"{name}/")]
+        if ids and layout.catalog(name).exists():
+            for row in rows_with_ids(layout.catalog(name), ids, ["media_kinds", "media_refs"]):
+                if row["media_refs"]:
+                    media[row["sample_id"]] = (row["media_kinds"][0], row["media_refs"][0])
+    return media

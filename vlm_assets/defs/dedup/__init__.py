@@ -1,0 +1,1 @@
+"""Dedup domain: `sample_catalog` → `sample_dedup` → `sample_lengths` (per source)."""

@@ -1,0 +1,85 @@
+"""Duplicate samples removed between the catalogue and the token lengths, per source."""
+
+import dagster as dg
+import numpy as np
+
+from vlm_assets.dedup.decisions import removed_reasons
+from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, LoggedProgress, VlmConfig
+from vlm_assets.defs.spec_assets import spec_asset
+from vlm_assets.package.writer import sha256_file
+from vlm_assets.parallel import step_processes
+from vlm_assets.parquet_batches import parquet_rows
+from vlm_assets.wording import plural
+
+
+@spec_asset(
+    "sample_dedup",
+    kinds={"parquet"},
+    pool=HEAVY_POOL,
+    description="Samples whose media and conversation duplicate a sample kept before them (this source or one "
+    "of higher priority), exactly or nearly, each with the sample kept; the token lengths reject them with that reason.",
+)
+def sample_dedup(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+    # Imported here: datasketch imports SciPy, which every load of the definitions would pay for.
+    from vlm_assets.dedup import build, report
+    from vlm_assets.dedup.signatures import VideoFrames
+
+    app, layout = vlm_config.app, vlm_config.layout
+    source = vlm_config.source(context.partition_key)
+    step = vlm_config.build(context)
+    ahead = vlm_config.fingerprints(context.instance).dedup_ahead(source.name)
+    progress = LoggedProgress(context, "samples", lambda done, _total: f"{source.name}: {plural(done, 'signature')} computed")
+    with step.writing():
+        outcome = build.deduplicate_source(layout, source.name, ahead, app.dedup, app.frame_cache, step_processes(),
+                                           progress.update)
+    decisions = outcome.decisions
+    removed = decisions.removed
+    context.log.info(
+        f"{source.name}: {plural(len(removed), 'duplicate')} removed of {plural(decisions.examined, 'sample')} "
+        f"({plural(outcome.signatures_computed, 'signature')} computed, the others stored before; "
+        f"compared with the samples kept in {', '.join(outcome.sources_ahead) or 'no other source'} first)")
+    shown = removed[:report.EXAMPLE_PAIRS * 4]
+    media = build.first_media(layout, [source.name, *outcome.sources_ahead],
+                              {sample_id for removal in shown for sample_id in (removal.sample_id, removal.kept_id)})
+    video_frames = VideoFrames(layout.mosaic_spool(app.frame_cache), app.frame_cache)
+    return dg.MaterializeResult(**step.result({
+        "path": dg.MetadataValue.path(str(layout.dedup(source.name))),
+        "samples": decisions.examined,
+        "removed": len(removed),
+        "removed_share": round(len(removed) / decisions.examined, 4) if decisions.examined else 0.0,
+        "removed_by_kind": dg.MetadataValue.json(report.counts_by_kind(removed)),
+        "largest_clusters": dg.MetadataValue.md(report.largest_clusters_md(removed)),
+        "images_reused": dg.MetadataValue.md(report.reused_media_md(decisions.reused_media)),
+        "example_pairs": dg.MetadataValue.md(report.example_pairs_md(shown, media.get, lambda ref: _middle(video_frames.frames(ref)))),
+        "distance_histogram": dg.MetadataValue.md(report.distance_histogram_md(removed)),
+        "signatures_computed": outcome.signatures_computed,
+        "signatures_computed_ahead": outcome.signatures_computed_ahead,
+        "sources_ahead": dg.MetadataValue.json(outcome.sources_ahead),
+    }, data_version=sha256_file(layout.dedup(source.name))[:20]))
+
+
+def _middle(frames: np.ndarray) -> np.ndarray:
+    return frames[len(frames) // 2]
+
+
+@dg.asset_check(
+    asset=sample_dedup,
+    partitions_def=SOURCES_PARTITIONS,
+    description="Fails when deduplication removed more of the source's catalogued samples than dedup.max_removed_share.",
+)
+def dedup_within_share(context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig) -> dg.AssetCheckResult:
+    layout = vlm_config.layout
+    source = context.partition_key
+    removed = len(removed_reasons(layout.dedup(source)))
+    samples = parquet_rows(layout.dedup_signatures(source))  # one row per catalogued ok sample
+    share = removed / samples if samples else 0.0
+    limit = vlm_config.app.dedup.max_removed_share
+    passed = share <= limit
+    description = (f"{plural(removed, 'sample')} of {samples} removed as duplicates ({share:.1%}), "
+                   f"{'within' if passed else 'above'} dedup.max_removed_share ({limit:.0%})")
+    if not passed:
+        description += ("; look at the asset's largest clusters and example pairs, then raise the share, "
+                        "lower the distances, raise the text threshold or switch a near kind off")
+    return dg.AssetCheckResult(passed=passed, description=description,
+                               metadata={"removed": removed, "samples": samples, "removed_share": round(share, 4),
+                                         "max_removed_share": limit})

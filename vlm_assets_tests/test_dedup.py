@@ -1,0 +1,277 @@
+"""sample_dedup: made duplicates of kept samples removed (exact, re-encoded and resized images, a re-encoded
+clip, a caption with changed punctuation), what is not a duplicate kept, and the decisions reused and remade
+as the issue asks: materialised through Dagster on a throwaway instance, on generated sources."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import shutil
+import textwrap
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import dagster as dg
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from vlm_assets.config import ConfigError, load_config
+from vlm_assets.dedup.index import BandedHashIndex, hamming
+from vlm_assets.definitions import build_definitions
+from vlm_assets.defs.resources import SOURCES_PARTITIONS
+from vlm_assets.layout import StorageLayout
+
+NEAR = "dedup: {near_images: true, near_videos: true, near_text: true, max_removed_share: 0.9}\n"
+
+
+def _picture(seed: int) -> Image.Image:
+    """A picture of coarse random blocks: pictures of different seeds have far-apart pHashes."""
+    blocks = np.random.default_rng(seed).integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    return Image.fromarray(blocks).resize((320, 240), Image.Resampling.BICUBIC)
+
+
+def _jpeg(image: Image.Image, quality: int = 92) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def _clip(path: Path, seed: int, bit_rate: int) -> None:
+    """A two-second clip of moving random blocks, encoded at `bit_rate`."""
+    rng = np.random.default_rng(seed)
+    base = np.asarray(Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize((160, 120)))
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=Fraction(12, 1))
+        stream.width, stream.height, stream.pix_fmt, stream.bit_rate = 160, 120, "yuv420p", bit_rate
+        for index in range(24):
+            frame = np.roll(base, index * 3, axis=1)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def _sample(folder: Path, stem: str, text: tuple[str, str], media: tuple[str, bytes] | None = None,
+            video: bool = False) -> None:
+    placeholder = "<video>" if video else "<image>"
+    record: dict = {"messages": [{"role": "user", "content": (placeholder if media else "") + text[0]},
+                                 {"role": "assistant", "content": text[1]}]}
+    if media is not None:
+        name, data = media
+        (folder / name).write_bytes(data)
+        record["videos" if video else "images"] = [name]
+    (folder / f"{stem}.json").write_text(json.dumps(record))
+
+
+CAPTION = ("Describe the picture in detail.", "A grid of coloured tiles in warm and cold tones, arranged in rows.")
+QUESTION = ("What is the dominant colour of the top left corner?", "It is a muted teal shade with some grey.")
+STORY = ("Write two sentences about a lighthouse.",
+         "The lighthouse stood alone on the cliff, its lamp turning all night. Ships passed it safely until dawn.")
+CLIP_QUESTION = ("What moves in this clip?", "A pattern of coloured blocks slides steadily to the right.")
+OTHER = ("How many rows of tiles are there?", "There are six rows of tiles in the picture.")
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """Two sources: `first` holds the originals, `second` their made duplicates and the negatives."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    picture_a, picture_b = _picture(1), _picture(2)
+    _sample(first, "a1", CAPTION, ("a1.jpg", _jpeg(picture_a)))
+    _sample(first, "a2", QUESTION, ("a2.jpg", _jpeg(picture_b)))
+    _sample(first, "a3", STORY)
+    _clip(first / "a4.mp4", 7, 800_000)
+    _sample(first, "a4", CLIP_QUESTION, ("a4.mp4", (first / "a4.mp4").read_bytes()), video=True)
+    # Made duplicates, each with its conversation matching too.
+    _sample(second, "b1", CAPTION, ("b1.jpg", _jpeg(picture_a)))  # the same bytes
+    resized = picture_a.resize((296, 222), Image.Resampling.LANCZOS)
+    _sample(second, "b2", CAPTION, ("b2.jpg", _jpeg(resized, quality=60)))  # resized and re-encoded
+    width, height = picture_a.size
+    cropped = picture_a.crop((width * 3 // 100, height * 3 // 100, width, height))
+    _sample(second, "b7", CAPTION, ("b7.jpg", _jpeg(cropped)))  # 3 % cut off two edges
+    _sample(second, "b5", (STORY[0], STORY[1].replace(",", "").replace(".", "!")))  # punctuation changed
+    _clip(second / "b6.mp4", 7, 150_000)  # the same clip at another bitrate
+    _sample(second, "b6", CLIP_QUESTION, ("b6.mp4", (second / "b6.mp4").read_bytes()), video=True)
+    # Not duplicates: a distinct picture with the same caption, the same picture with another question.
+    _sample(second, "b3", CAPTION, ("b3.jpg", _jpeg(_picture(3))))
+    _sample(second, "b4", OTHER, ("b4.jpg", _jpeg(picture_b)))
+    return tmp_path
+
+
+def _config(site: Path, dedup: str = NEAR) -> Path:
+    path = site / "vlm_assets.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        storage: {{root: {site / "data"}}}
+        inbox: {site / "inbox"}
+        sources:
+          - {{name: first, kind: flat_dir, path: ./first}}
+          - {{name: second, kind: flat_dir, path: ./second}}
+        model:
+          processor: embedded
+          processor_kwargs: {{min_pixels: 3136, max_pixels: 50176}}
+        sample: {{sample_type: packed_multi_mix_qa, max_token_len: 2048}}
+        frame_cache: {{num_frames: 8, frame_size: 64, rows: 2, cols: 4}}
+        """) + dedup)
+    return path
+
+
+def _build(config: Path, instance: dg.DagsterInstance, assets: list[str], source: str) -> dg.ExecuteInProcessResult:
+    defs = build_definitions(config)
+    return dg.materialize(list(defs.assets) + list(defs.asset_checks or []), selection=dg.AssetSelection.assets(*assets),
+                          partition_key=source, instance=instance, resources=defs.resources, raise_on_error=False)
+
+
+def _dedup_metadata(result: dg.ExecuteInProcessResult) -> dict:
+    [event] = [event for event in result.get_asset_materialization_events() if event.asset_key.path == ["sample_dedup"]]
+    return {key: getattr(value, "value", value) for key, value in event.materialization.metadata.items()}
+
+
+def _reasons(config: Path, source: str) -> dict[str, str]:
+    table = pd.read_parquet(StorageLayout(load_config(config).storage_root).dedup(source))
+    return dict(zip(table.sample_id, table.reason))
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["first", "second"])
+        yield instance
+
+
+def test_made_duplicates_are_rejected_rows_naming_the_sample_kept(site, instance):
+    config = _config(site)
+    for source in ("first", "second"):
+        result = _build(config, instance, ["sample_catalog", "sample_dedup", "sample_lengths"], source)
+        assert result.success, [event.message for event in result.all_events if event.is_failure]
+    reasons = _reasons(config, "second")
+    assert set(reasons) == {"second/b1.json", "second/b2.json", "second/b5.json", "second/b6.json", "second/b7.json"}
+    assert reasons["second/b1.json"] == "exact duplicate of first/a1.json"
+    assert reasons["second/b2.json"] == "near-duplicate image of first/a1.json (distance 0)"
+    assert reasons["second/b7.json"] == "near-duplicate image of first/a1.json (distance 8)"
+    assert reasons["second/b5.json"].startswith("near-duplicate text of first/a3.json (jaccard ")
+    assert reasons["second/b6.json"].startswith("near-duplicate video of first/a4.json (distance ")
+    assert _reasons(config, "first") == {}
+
+    # The lengths reject exactly those rows, in catalogue order, with the same reasons.
+    layout = StorageLayout(load_config(config).storage_root)
+    lengths, catalog = pd.read_parquet(layout.lengths("second")), pd.read_parquet(layout.catalog("second"))
+    assert list(lengths.sample_id) == list(catalog.sample_id)
+    rejected = lengths[lengths.status == "rejected"]
+    assert dict(zip(rejected.sample_id, rejected.reason)) == reasons
+    assert (rejected.token_len == 0).all() and (lengths[lengths.status == "ok"].token_len > 0).all()
+
+    metadata = _dedup_metadata(result)
+    assert metadata["removed"] == 5 and metadata["samples"] == 7
+    assert metadata["removed_by_kind"] == {"exact": 1, "near_image": 2, "near_video": 1, "near_text": 1, "same_media": 0}
+    assert "| first/a1.json | 3 |" in metadata["largest_clusters"]
+    assert metadata["example_pairs"].count("data:image/jpeg;base64,") >= 4
+    assert "image bits" in metadata["distance_histogram"] and "text jaccard" in metadata["distance_histogram"]
+    assert metadata["sources_ahead"] == ["first"]
+    # The first source's signatures were stored by its own step, not computed again.
+    assert metadata["signatures_computed_ahead"] == 0
+
+
+def test_reused_media_with_other_text_are_kept_and_counted_and_media_only_removes_them(site, instance):
+    # The same picture asked about twice in one source: kept twice, counted as reused.
+    shutil.copy(site / "first" / "a2.jpg", site / "first" / "a5.jpg")
+    _sample(site / "first", "a5", OTHER, ("a5.jpg", (site / "first" / "a2.jpg").read_bytes()))
+    config = _config(site)
+    first = _build(config, instance, ["sample_catalog", "sample_dedup"], "first")
+    assert _reasons(config, "first") == {}
+    assert "1 media reused by 2 or more samples" in _dedup_metadata(first)["images_reused"]
+
+    config = _config(site, "dedup: {media_only: true, max_removed_share: 0.9}\n")
+    assert _build(config, instance, ["sample_catalog", "sample_dedup"], "first").success
+    assert _reasons(config, "first") == {"first/a5.json": "same media as first/a2.json (media_only)"}
+    assert _build(config, instance, ["sample_catalog", "sample_dedup"], "second").success
+    second = _reasons(config, "second")
+    assert second["second/b4.json"] == "same media as first/a2.json (media_only)"
+    assert second["second/b2.json"] == "near-duplicate image of first/a1.json (distance 0, media_only)"
+    assert "second/b3.json" not in second and "second/b5.json" not in second  # a distinct picture; text only, not near
+
+
+def test_a_rerun_keeps_the_same_and_a_changed_threshold_decides_again_without_hashing(site, instance):
+    config = _config(site)
+    for source in ("first", "second"):
+        assert _build(config, instance, ["sample_catalog", "sample_dedup"], source).success
+    layout = StorageLayout(load_config(config).storage_root)
+    decisions, signatures = layout.dedup("second"), layout.dedup_signatures("second")
+    decided_bytes, signed_bytes, signed_at = decisions.read_bytes(), signatures.read_bytes(), signatures.stat().st_mtime_ns
+
+    rerun = _build(config, instance, ["sample_dedup"], "second")
+    assert _dedup_metadata(rerun)["signatures_computed"] == 0
+    assert decisions.read_bytes() == decided_bytes
+
+    # A distance the cropped copy exceeds: it is kept, and nothing is hashed again.
+    stricter = _config(site, NEAR.replace("near_images: true", "near_images: true, image_distance: 4"))
+    result = _build(stricter, instance, ["sample_dedup"], "second")
+    assert _dedup_metadata(result)["signatures_computed"] == 0
+    assert "second/b7.json" not in _reasons(stricter, "second") and "second/b2.json" in _reasons(stricter, "second")
+    assert signatures.read_bytes() == signed_bytes and signatures.stat().st_mtime_ns == signed_at
+
+
+def test_an_appended_sample_is_signed_alone_and_checked_against_the_stored_signatures(site, instance):
+    config = _config(site)
+    for source in ("first", "second"):
+        assert _build(config, instance, ["sample_catalog", "sample_dedup"], source).success
+    _sample(site / "second", "b9", STORY)  # a copy of first/a3 arriving later
+    result = _build(config, instance, ["sample_catalog", "sample_dedup"], "second")
+    metadata = _dedup_metadata(result)
+    assert metadata["signatures_computed"] == 1 and metadata["signatures_computed_ahead"] == 0
+    assert _reasons(config, "second")["second/b9.json"] == "exact duplicate of first/a3.json"
+
+
+def test_the_check_fails_when_a_source_loses_more_than_its_share(site, instance):
+    config = _config(site, NEAR.replace("max_removed_share: 0.9", "max_removed_share: 0.25"))
+    assert _build(config, instance, ["sample_catalog", "sample_dedup"], "first").success
+    result = _build(config, instance, ["sample_catalog", "sample_dedup"], "second")
+    [check] = [evaluation for evaluation in result.get_asset_check_evaluations()
+               if evaluation.check_name == "dedup_within_share"]
+    assert not check.passed
+    assert check.description.startswith("5 samples of 7 removed as duplicates (71.4%), above dedup.max_removed_share (25%)")
+
+
+def test_exact_only_by_default_keeps_near_duplicates(site, instance):
+    config = _config(site, "")
+    for source in ("first", "second"):
+        assert _build(config, instance, ["sample_catalog", "sample_dedup"], source).success
+    assert _reasons(config, "second") == {"second/b1.json": "exact duplicate of first/a1.json"}
+
+
+def test_source_priority_decides_which_copy_is_kept(site, instance):
+    config = _config(site, "dedup: {priority: [second]}\n")
+    for source in ("second", "first"):
+        assert _build(config, instance, ["sample_catalog", "sample_dedup"], source).success
+    assert _reasons(config, "second") == {}
+    assert _reasons(config, "first") == {"first/a1.json": "exact duplicate of second/b1.json"}
+
+
+def test_the_banded_index_finds_every_hash_within_the_distance():
+    rng = random.Random(5)
+    hashes = [rng.getrandbits(64) for _ in range(400)]
+    # Near copies: a few bits flipped in some of them.
+    hashes += [value ^ sum(1 << bit for bit in rng.sample(range(64), rng.randrange(0, 9))) for value in hashes[:100]]
+    for distance in (0, 3, 6, 8):
+        index = BandedHashIndex(distance)
+        for item, value in enumerate(hashes):
+            index.add(item, (value,))
+        for query in hashes[::7]:
+            within = {item for item, value in enumerate(hashes) if hamming(value, query) <= distance}
+            assert within <= index.candidates((query,))
+
+
+@pytest.mark.parametrize(("dedup", "message"), [
+    ("dedup: {text_threshold: 1.5}", "dedup.text_threshold: must be a Jaccard similarity in (0, 1], got 1.5"),
+    ("dedup: {near_text: yes please}", "dedup.near_text: expected true or false, got 'yes please'"),
+    ("dedup: {priority: [third]}", "dedup.priority: no configured source named 'third' (known: first, second)"),
+    ("dedup: {image_distance: 40}", "dedup.image_distance: must be <= 32, got 40"),
+    ("dedup: {bogus: 1}", "dedup.bogus: unknown key"),
+])
+def test_dedup_settings_are_validated_naming_the_key(site, dedup, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        load_config(_config(site, dedup + "\n"))
