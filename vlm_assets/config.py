@@ -183,9 +183,9 @@ class DedupConfig:
 
     def signature_settings(self) -> dict[str, Any]:
         """What a sample's signatures depend on: a change recomputes them; thresholds only decide."""
-        return {"near_images": self.near_images or self.media_only, "near_videos": self.near_videos or self.media_only,
-                "near_text": self.near_text, "video_frames": self.video_frames,
-                "text_shingle_chars": self.text_shingle_chars, "text_permutations": self.text_permutations}
+        return {"near_images": self.near_images, "near_videos": self.near_videos, "near_text": self.near_text,
+                "video_frames": self.video_frames, "text_shingle_chars": self.text_shingle_chars,
+                "text_permutations": self.text_permutations}
 
 
 @dataclass(frozen=True)

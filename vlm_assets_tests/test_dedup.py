@@ -185,7 +185,7 @@ def test_reused_media_with_other_text_are_kept_and_counted_and_media_only_remove
     assert _reasons(config, "first") == {}
     assert "1 media reused by 2 or more samples" in _dedup_metadata(first)["images_reused"]
 
-    config = _config(site, "dedup: {media_only: true, max_removed_share: 0.9}\n")
+    config = _config(site, "dedup: {media_only: true, near_images: true, max_removed_share: 0.9}\n")
     assert _build(config, instance, ["sample_catalog", "sample_dedup"], "first").success
     assert _reasons(config, "first") == {"first/a5.json": "same media as first/a2.json (media_only)"}
     assert _build(config, instance, ["sample_catalog", "sample_dedup"], "second").success

@@ -25,7 +25,8 @@ SOURCES = {  # name: (sample_type, weight)
     "vqa": ("packed_vqa", 3),
     "captions": ("packed_captioning", 2),
 }
-SOURCE_LINEAGE = ["sample_catalog", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards", "energon_dataset"]
+SOURCE_LINEAGE = ["sample_catalog", "sample_dedup", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards",
+                  "energon_dataset"]
 
 
 def flat_source(directory: Path, samples: int, seed: int, text_only: int = 0) -> Path:
@@ -215,7 +216,7 @@ def test_a_source_packing_leaves_empty_fails_at_packing_bins_naming_why(tmp_path
     defs = build_definitions(config)
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(SOURCES_PARTITIONS.name, ["long"])
-        result = dg.materialize(list(defs.assets), selection=SOURCE_LINEAGE[:3], partition_key="long",
+        result = dg.materialize(list(defs.assets), selection=SOURCE_LINEAGE[:4], partition_key="long",
                                 instance=instance, resources=defs.resources, raise_on_error=False)
     [failure] = [event for event in result.all_events if event.is_step_failure]
     assert failure.step_key == "packing_bins"

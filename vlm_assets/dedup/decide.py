@@ -19,7 +19,7 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from datasketch import MinHash, MinHashLSH
+from datasketch import LeanMinHash, MinHashLSH
 
 from vlm_assets.config import DedupConfig
 from vlm_assets.dedup.index import BandedHashIndex, hamming
@@ -73,7 +73,7 @@ class _Kept:
         self.images = BandedHashIndex(settings.image_distance)
         self.videos = BandedHashIndex(math.floor(settings.video_distance))
         self.texts = MinHashLSH(threshold=settings.text_threshold, num_perm=settings.text_permutations)
-        self._minhashes: dict[int, MinHash] = {}
+        self._minhashes: dict[int, LeanMinHash] = {}
 
     def add(self, sample: SampleSignature) -> None:
         item = len(self.samples)
@@ -86,7 +86,7 @@ class _Kept:
                 (self.images if sample.media_kinds[0] == "image" else self.videos).add(item, first)
         self.by_text[sample.text_sha256].append(item)
         if sample.text_minhash:
-            self._minhashes[item] = minhash_of(sample.text_minhash, self.settings)
+            self._minhashes[item] = minhash_of(sample.text_minhash)
             self.texts.insert(item, self._minhashes[item])
 
     def match(self, sample: SampleSignature) -> _Match | None:
@@ -114,7 +114,7 @@ class _Kept:
     def _text_candidates(self, sample: SampleSignature) -> set[int]:
         found = set(self.by_text.get(sample.text_sha256, ()))
         if sample.text_minhash:
-            found.update(self.texts.query(minhash_of(sample.text_minhash, self.settings)))
+            found.update(self.texts.query(minhash_of(sample.text_minhash)))
         return found
 
     def _compare(self, sample: SampleSignature, item: int, media_only: bool) -> _Match | None:
@@ -136,7 +136,7 @@ class _Kept:
         if near_text:
             if not sample.text_minhash or item not in self._minhashes:
                 return None
-            jaccard = minhash_of(sample.text_minhash, self.settings).jaccard(self._minhashes[item])
+            jaccard = minhash_of(sample.text_minhash).jaccard(self._minhashes[item])
             if jaccard < self.settings.text_threshold:
                 return None
         distance = max((bits for _, bits in distances), default=0.0)

@@ -12,6 +12,7 @@ shard takes the same mosaic instead of decoding the video again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -26,7 +27,7 @@ import imagehash
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datasketch import MinHash
+from datasketch import LeanMinHash, MinHash
 from PIL import Image, ImageOps
 
 from vlm_assets.atomic import atomic_path
@@ -52,7 +53,9 @@ SIGNATURE_SCHEMA = pa.schema([
 ])
 # Samples whose signatures one task computes (a worker process's share of a source).
 SIGNATURE_CHUNK_ROWS = 256
-# An image is decoded at a reduced scale (JPEG's DCT scaling) no smaller than this, for a pHash of 32 × 32.
+# An image is decoded at a reduced scale (JPEG's DCT scaling, both sides no smaller than this) and in
+# grey, all a pHash of 32 × 32 grey pixels looks at. Twice the hash's side: decoded nearer to it, a
+# resized copy's hash drifts by a few bits.
 PHASH_DECODE_SIZE = (64, 64)
 MINHASH_SEED = 1
 # datasketch's 32-bit scheme: every stored value fits the table's uint32 column.
@@ -94,22 +97,27 @@ def text_shingles(text: str, size: int) -> set[bytes]:
     return {words[start:start + size].encode() for start in range(len(words) - size + 1)}
 
 
+@functools.cache
+def _empty_minhash(permutations: int) -> MinHash:
+    # Drawing a MinHash's permutations costs more than hashing a caption: they are drawn once, then copied.
+    return MinHash(num_perm=permutations, seed=MINHASH_SEED, scheme=MINHASH_SCHEME)
+
+
 def text_minhash(text: str, settings: DedupConfig) -> MinHash:
-    minhash = MinHash(num_perm=settings.text_permutations, seed=MINHASH_SEED, scheme=MINHASH_SCHEME)
+    minhash = _empty_minhash(settings.text_permutations).copy()
     minhash.update_batch(list(text_shingles(text, settings.text_shingle_chars)))
     return minhash
 
 
-def minhash_of(values: Iterable[int], settings: DedupConfig) -> MinHash:
-    """The MinHash a signature row stores, for comparison and the index."""
-    return MinHash(num_perm=settings.text_permutations, seed=MINHASH_SEED, scheme=MINHASH_SCHEME,
-                   hashvalues=np.fromiter(values, dtype=np.uint64))
+def minhash_of(values: Iterable[int]) -> LeanMinHash:
+    """The MinHash a signature row stores, for comparison and the index (without permutations: it is not updated)."""
+    return LeanMinHash(seed=MINHASH_SEED, hashvalues=np.fromiter(values, dtype=np.uint64), scheme=MINHASH_SCHEME)
 
 
 def image_phash(data: bytes) -> int:
     """The 64-bit pHash (imagehash) of an image as displayed (EXIF orientation applied)."""
     with Image.open(io.BytesIO(data)) as image:
-        image.draft("RGB", PHASH_DECODE_SIZE)  # a JPEG decodes at 1/2 … 1/8 scale: the hash sees 32 × 32
+        image.draft("L", PHASH_DECODE_SIZE)  # a JPEG decodes at 1/2 … 1/8 scale
         oriented = ImageOps.exif_transpose(image)
         return _hash_bits(imagehash.phash(oriented))
 
@@ -197,7 +205,7 @@ class SignatureTable:
 def read_signatures(path: Path) -> dict[str, SampleSignature]:
     """The stored signatures by sample id (none where the file is missing or unreadable)."""
     try:
-        table = pq.read_table(path, schema=SIGNATURE_SCHEMA)
+        table = pq.ParquetFile(path).read()
     except (FileNotFoundError, pa.ArrowInvalid, OSError):
         return {}
     return {row["sample_id"]: _from_row(row) for row in table.to_pylist()}
