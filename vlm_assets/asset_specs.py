@@ -74,6 +74,8 @@ class AssetSpec:
     published: Paths | None = None
     # Damage to its outputs beyond a missing or cut-short file, judged from what its build recorded.
     damage: DamageOf | None = None
+    # Upstream assets partitioned alike of which a partition reads every partition, not its own alone.
+    reads_every_partition_of: tuple[str, ...] = ()
 
     def publishes(self, layout: StorageLayout, partition: str | None, app: AppConfig) -> list[Path]:
         return (self.published or self.outputs)(layout, partition or "", app)
@@ -115,8 +117,10 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         locks=_writes_source,
     ),
     AssetSpec(
-        # Reads the catalogues of the sources kept before its own too (Fingerprints._sample_dedup).
         "sample_dedup", 1, "dedup", Partitioning.SOURCES, ("sample_catalog",),
+        # A source is compared with the samples kept in the sources before it: their catalogues are
+        # built first (its fingerprint names only those, Fingerprints._sample_dedup).
+        reads_every_partition_of=("sample_catalog",),
         settings=lambda app: [app.dedup.decision_settings(), mosaic_settings(app.frame_cache)],
         outputs=lambda layout, source, _app: [layout.dedup(source), layout.dedup_signatures(source)],
         locks=_writes_source,

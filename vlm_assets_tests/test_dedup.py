@@ -226,6 +226,21 @@ def test_an_appended_sample_is_signed_alone_and_checked_against_the_stored_signa
     assert _reasons(config, "second")["second/b9.json"] == "exact duplicate of first/a3.json"
 
 
+def test_a_source_wholly_duplicating_kept_data_adds_nothing_after_the_lengths(site, instance):
+    # `second` holds only copies of `first`'s samples (a drop of data already kept).
+    shutil.rmtree(site / "second")
+    shutil.copytree(site / "first", site / "second")
+    config = _config(site)
+    assert _build(config, instance, ["sample_catalog", "sample_dedup", "sample_lengths"], "first").success
+    lineage = ["sample_catalog", "sample_dedup", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards"]
+    result = _build(config, instance, lineage, "second")
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    assert failure.step_key == "sample_lengths"
+    assert ("second: no sample left after token lengths (4 rejected): 4 × exact duplicate of first/a1.json (and the like)"
+            in failure.step_failure_data.error.message)
+    assert not StorageLayout(load_config(config).storage_root).packed_wds("second").exists()
+
+
 def test_the_check_fails_when_a_source_loses_more_than_its_share(site, instance):
     config = _config(site, NEAR.replace("max_removed_share: 0.9", "max_removed_share: 0.25"))
     assert _build(config, instance, ["sample_catalog", "sample_dedup"], "first").success

@@ -39,6 +39,9 @@ def test_the_definitions_declare_which_partitions_each_partition_reads(defs):
     assert isinstance(by_source, dg.MultiToSingleDimensionPartitionMapping) and by_source.partition_dimension_name == "source"
     assert isinstance(assets["packing_bins"].get_partition_mapping(dg.AssetKey("sample_lengths")), dg.IdentityPartitionMapping)
     assert isinstance(assets["frame_cache_index"].get_partition_mapping(dg.AssetKey("frame_cache_shard")), dg.AllPartitionMapping)
+    # A source's dedup reads the catalogues of the sources kept before it: every catalogue is built first.
+    assert isinstance(assets["sample_dedup"].get_partition_mapping(dg.AssetKey("sample_catalog")), dg.AllPartitionMapping)
+    assert isinstance(assets["sample_lengths"].get_partition_mapping(dg.AssetKey("sample_dedup")), dg.IdentityPartitionMapping)
 
 
 def test_a_source_reads_its_own_chunks_and_a_chunk_its_own_source(shape, instance):
@@ -52,8 +55,10 @@ def test_a_source_reads_its_own_chunks_and_a_chunk_its_own_source(shape, instanc
 def test_one_partition_brings_the_same_partition_of_its_upstream(shape, instance):
     selection = selection_of(shape, ["sample_lengths[demo_images]"], instance)
     assert selection.assets == ["sample_catalog", "sample_dedup", "sample_length_chunk", "sample_lengths"]
-    assert selection.keeps("sample_catalog", "demo_images") and not selection.keeps("sample_catalog", "demo_wds")
+    assert selection.keeps("sample_dedup", "demo_images") and not selection.keeps("sample_dedup", "demo_wds")
     assert not selection.keeps("sample_lengths", "demo_video")
+    # Its dedup compares it with the samples kept in the other sources: their catalogues come first.
+    assert selection.keeps("sample_catalog", "demo_images") and selection.keeps("sample_catalog", "demo_wds")
     # The source's chunks, whichever there are; and one chunk brings its source's catalogue only.
     assert selection.keeps("sample_length_chunk", "00007|demo_images")
     assert not selection.keeps("sample_length_chunk", "00000|demo_wds")

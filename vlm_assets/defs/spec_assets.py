@@ -44,7 +44,8 @@ def partition_mapping(downstream: Partitioning, upstream: Partitioning) -> dg.Pa
 
 def dependencies(spec: AssetSpec) -> list[dg.AssetDep]:
     """The spec's upstream assets, each with its partition mapping (Dagster's own for an external one)."""
-    return [dg.AssetDep(name, partition_mapping=partition_mapping(spec.partitioning, SPECS[name].partitioning))
+    return [dg.AssetDep(name, partition_mapping=dg.AllPartitionMapping() if name in spec.reads_every_partition_of
+                        else partition_mapping(spec.partitioning, SPECS[name].partitioning))
             if name in SPECS else dg.AssetDep(name) for name in spec.upstream]
 
 
