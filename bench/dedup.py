@@ -12,15 +12,19 @@ changed punctuation), as a catalogue. Then alternates, --repeat times:
   loop comparing every sample with every kept one (Hamming distance, `MinHash.jaccard`).
 
 Prints the medians (images/s/core and texts/s/core for the signatures, samples/s for the decisions)
-and the ratios.
+and the ratios. Then, for each of --index-sizes, fills the banded pHash index with that many random
+hashes and times queries of hashes a few bits from stored ones, with the memory the index added
+(the resident set's growth).
 
-    .venv/bin/python bench/dedup.py [--samples 2000] [--size 640] [--repeat 3] [--workdir bench/out/dedup]
+    .venv/bin/python bench/dedup.py [--samples 2000] [--size 640] [--repeat 3] [--index-sizes 1000000]
+                                    [--workdir bench/out/dedup]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import time
@@ -36,7 +40,7 @@ from PIL import Image
 
 from vlm_assets.config import DedupConfig, FrameCacheConfig
 from vlm_assets.dedup.decide import decide
-from vlm_assets.dedup.index import hamming
+from vlm_assets.dedup.index import BandedHashIndex, hamming
 from vlm_assets.dedup.signatures import (
     SampleSignature, conversation_text, minhash_of, source_signatures, text_shingles,
 )
@@ -136,11 +140,34 @@ def naive_decisions(signatures: list[SampleSignature]) -> tuple[float, int]:
     return time.perf_counter() - start, removed
 
 
+def resident_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def index_scale(size: int, queries: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """(queries/s, bytes per stored hash) of the banded index holding `size` random 64-bit hashes."""
+    rng = np.random.default_rng(seed)
+    hashes = rng.integers(0, 2**63, size, dtype=np.int64).tolist()
+    before = resident_bytes()
+    index = BandedHashIndex(SETTINGS.image_distance)
+    for item, value in enumerate(hashes):
+        index.add(item, (value,))
+    grown = resident_bytes() - before
+    flips = rng.integers(0, 64, (queries, 3))
+    probes = [hashes[int(at)] ^ sum(1 << int(bit) for bit in bits)
+              for at, bits in zip(rng.integers(0, size, queries), flips)]
+    start = time.perf_counter()
+    for probe in probes:
+        index.candidates((probe,))
+    return queries / (time.perf_counter() - start), grown / size
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--samples", type=int, default=2000, help="image samples, and as many text-only ones")
     parser.add_argument("--size", type=int, default=640, help="image width in pixels (height: 3/4 of it)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--index-sizes", type=int, nargs="*", default=[1_000_000])
     parser.add_argument("--workdir", type=Path, default=Path("bench/out/dedup"))
     args = parser.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
@@ -171,6 +198,9 @@ def main() -> None:
     print(f"  decisions  ours  {2 * n / median['ours decisions']:8.0f} samples/s ({removed['ours']} removed)        "
           f"naive {2 * n / median['naive decisions']:8.0f} samples/s ({removed['naive']} removed)   "
           f"ours/naive {median['naive decisions'] / median['ours decisions']:.1f}x")
+    for size in args.index_sizes:
+        rate, per_hash = index_scale(size)
+        print(f"  index      {size:,} image hashes: {rate:8.0f} queries/s, {per_hash:.0f} bytes per hash held")
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def test_run_refuses_fewer_than_one_worker_and_its_help_lists_assets_and_exit_co
         result = vlm_assets("run", "--config", str(tmp_path / "absent.yaml"), "--workers", workers)
         assert result.returncode == 2 and f"--workers: expected a whole number ≥ 1, got '{workers}'" in result.stderr
     usage = vlm_assets("run", "--help").stdout.replace("\n", " ")
-    assert "sample_catalog, sample_length_chunk, sample_lengths" in usage and "training_package" in usage
+    assert "sample_catalog, sample_dedup, sample_length_chunk, sample_lengths" in usage and "training_package" in usage
     assert "3 the Dagster instance's database is unreachable" in usage.replace("  ", " ")
 
 
@@ -140,7 +140,9 @@ def test_run_selects_one_partition_and_refuses_an_unknown_one(demo_config_path, 
     result = vlm_assets("run", "--config", str(config), "--select", "sample_lengths[demo_wds]", env=home)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     launched = sorted(line.split(" ", 1)[1].split(" on ")[0] for line in result.stdout.splitlines() if line.startswith("▶ "))
-    assert launched == ["sample_catalog [demo_wds]", "sample_length_chunk [00000|demo_wds]", "sample_lengths [demo_wds]"]
+    # Its dedup compares it with the other sources' samples: their catalogues are built too.
+    assert launched == ["sample_catalog [demo_images]", "sample_catalog [demo_video]", "sample_catalog [demo_wds]",
+                        "sample_dedup [demo_wds]", "sample_length_chunk [00000|demo_wds]", "sample_lengths [demo_wds]"]
     unknown = vlm_assets("run", "--config", str(config), "--select", "sample_lengths[nope]", env=home)
     assert unknown.returncode == 2
     assert "no such partition: sample_lengths [nope] (known: demo_images, demo_video, demo_wds)" in unknown.stderr
