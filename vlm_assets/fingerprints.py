@@ -25,6 +25,7 @@ from typing import Any
 from vlm_assets.asset_specs import SPECS, Partitioning
 from vlm_assets.catalog.source_walk import SourceFiles, walk_source
 from vlm_assets.config import AppConfig, SourceConfig
+from vlm_assets.dedup.decisions import decisions_digest
 from vlm_assets.dedup.order import priority_order
 from vlm_assets.frames.plan import (
     PLAN_FILE,
@@ -120,9 +121,11 @@ class Fingerprints:
         return self._of("sample_catalog", source, self.source_files(source), self.sources[source].chunk_rows)
 
     def _sample_dedup(self, source: str) -> str:
-        # Its decisions follow from every catalogue kept before its own, in keep order.
-        return self._of("sample_dedup", source, [(name, self.recorded("sample_catalog", name))
-                                                 for name in self.dedup_ahead(source) + [source]])
+        # Its decisions follow from the catalogues kept before its own; it reads every source's built so
+        # far, as its dependency in the graph says (so the UI agrees), in keep order.
+        return self._of("sample_dedup", source, [
+            (name, recorded) for name in priority_order(self.sources, self.app.dedup.priority)
+            for recorded in [self.recorded("sample_catalog", name)] if recorded or name == source])
 
     def dedup_ahead(self, source: str) -> list[str]:
         """The sources whose kept samples win over `source`'s, in keep order."""
@@ -140,8 +143,10 @@ class Fingerprints:
                         self._sample_type(source))
 
     def _sample_lengths(self, source: str) -> str:
+        # The dedup decisions by their bytes, not sample_dedup's record: a catalogue ahead rebuilt
+        # without changing what this source loses leaves its lengths as they are.
         return self._of("sample_lengths", source, self.recorded("sample_catalog", source),
-                        self.recorded("sample_dedup", source),
+                        decisions_digest(StorageLayout(self.app.storage_root).dedup(source)),
                         self.sources[source].special_tokens_in_text, self._sample_type(source))
 
     def _packing_bins(self, source: str) -> str:

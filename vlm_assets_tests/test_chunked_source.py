@@ -26,6 +26,7 @@ from vlm_assets.media.checks import MediaCheckLog
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import reason_kind, write_catalog
 from vlm_assets.config import FrameCacheConfig, ModelConfig, SourceConfig
+from vlm_assets.dedup.decisions import removed_reasons
 from vlm_assets.packing.records import RECORD_COLUMNS
 from vlm_assets.parallel import STEP_PROCESSES_ENV_VAR, ordered_map, step_processes
 from vlm_assets.parquet_batches import rows_with_ids
@@ -286,8 +287,10 @@ def test_a_source_cut_into_chunks_measures_them_apart_and_gives_the_one_worker_t
             assert metadata["rows_reused"].value == rows  # the assembly measured nothing itself
     assert tables[1] == tables[2]
     # One process measuring the whole table in one step (no chunk runs, nothing stored) gives the same bytes.
+    # (The generated conversations repeat: those sample_dedup removed are rejected in the table.)
     whole = write_length_table(tmp_path / "workers1" / "vlm_data" / "catalog" / "chat.parquet", tmp_path / "whole.parquet",
-                               ModelConfig(), FRAME_CACHE, rule=CountingRule("packed_multi_mix_qa"))
+                               ModelConfig(), FRAME_CACHE, rule=CountingRule("packed_multi_mix_qa"),
+                               removed=removed_reasons(tmp_path / "workers1" / "vlm_data" / "dedup" / "chat.parquet"))
     assert whole.reused_rows == 0 and (tmp_path / "whole.parquet").read_bytes() == tables[1]
 
     # Records appended: only the grown last chunk and the new one are measured again, each in its own run.
@@ -385,7 +388,8 @@ def test_a_run_killed_mid_chunks_reruns_only_the_chunks_it_had_not_finished(tmp_
     assert sorted(done_before | set(rerun)) == [f"0000{index}|chat" for index in range(5)]
     assert not done_before & set(rerun), f"{sorted(done_before & set(rerun))} measured again"
     write_length_table(tmp_path / "vlm_data" / "catalog" / "chat.parquet", tmp_path / "one_pass.parquet", ModelConfig(),
-                       FRAME_CACHE, rule=CountingRule("packed_multi_mix_qa"))  # the config's default sample type
+                       FRAME_CACHE, rule=CountingRule("packed_multi_mix_qa"),  # the config's default sample type
+                       removed=removed_reasons(tmp_path / "vlm_data" / "dedup" / "chat.parquet"))
     assert (tmp_path / "vlm_data" / "lengths" / "chat.parquet").read_bytes() == (tmp_path / "one_pass.parquet").read_bytes()
 
 

@@ -22,7 +22,7 @@ from PIL import Image
 from vlm_assets.config import ConfigError, load_config
 from vlm_assets.dedup.index import BandedHashIndex, hamming
 from vlm_assets.definitions import build_definitions
-from vlm_assets.defs.resources import SOURCES_PARTITIONS
+from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.layout import StorageLayout
 
 NEAR = "dedup: {near_images: true, near_videos: true, near_text: true, max_removed_share: 0.9}\n"
@@ -203,9 +203,14 @@ def test_a_rerun_keeps_the_same_and_a_changed_threshold_decides_again_without_ha
     decisions, signatures = layout.dedup("second"), layout.dedup_signatures("second")
     decided_bytes, signed_bytes, signed_at = decisions.read_bytes(), signatures.read_bytes(), signatures.stat().st_mtime_ns
 
+    def lengths_fingerprint(path: Path) -> str:
+        return VlmConfig(config_path=str(path)).fingerprints(instance).of("sample_lengths", "second")
+
+    lengths_before = lengths_fingerprint(config)
     rerun = _build(config, instance, ["sample_dedup"], "second")
-    assert _dedup_metadata(rerun)["signatures_computed"] == 0
+    assert _dedup_metadata(rerun)["signatures_computed"] == 0 and _dedup_metadata(rerun)["signatures_written"] is False
     assert decisions.read_bytes() == decided_bytes
+    assert lengths_fingerprint(config) == lengths_before  # the same decisions: the lengths stay up to date
 
     # A distance the cropped copy exceeds: it is kept, and nothing is hashed again.
     stricter = _config(site, NEAR.replace("near_images: true", "near_images: true, image_distance: 4"))
@@ -213,6 +218,8 @@ def test_a_rerun_keeps_the_same_and_a_changed_threshold_decides_again_without_ha
     assert _dedup_metadata(result)["signatures_computed"] == 0
     assert "second/b7.json" not in _reasons(stricter, "second") and "second/b2.json" in _reasons(stricter, "second")
     assert signatures.read_bytes() == signed_bytes and signatures.stat().st_mtime_ns == signed_at
+    # Other decisions: the lengths are stale.
+    assert lengths_fingerprint(stricter) != lengths_before
 
 
 def test_an_appended_sample_is_signed_alone_and_checked_against_the_stored_signatures(site, instance):

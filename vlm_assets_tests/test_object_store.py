@@ -398,16 +398,16 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
                  for key in _objects(bucket, "outputs") if key != OWNER_NAME}
     # Every output the reference run wrote under its local root is an object at the same relative key.
     expected = [path for path in reference_run.outputs if path.startswith(
-        ("catalog/", "lengths/", "packing/", "packed_json/", "packed_wds/", "frame_cache/", "packages/"))
+        ("catalog/", "dedup/", "lengths/", "packing/", "packed_json/", "packed_wds/", "frame_cache/", "packages/"))
         and not path.endswith((".media_checks.sqlite", ".read.json"))]
     assert sorted(published) == sorted(expected)
     differing = sorted(key for key in expected if hashlib.sha256(published[key]).hexdigest() != reference_run.outputs[key])
-    # What names where the bytes were differs (the sources' catalogues and the reasons of their
-    # rejected rows, the frame plan and its shards' done records, the package holding those), and
+    # What names where the bytes were differs (the sources' catalogues, the keys of their dedup
+    # signatures, which take each medium's ref and stamp, and the reasons of their rejected rows, the frame plan and its shards' done records, the package holding those), and
     # the bins' content hashes, which take each medium's stamp (here the store's ETag); everything a
     # trainer reads is the same.
     names = [source.name for source in sources]
-    named = tuple(f"{output}/{name}." for name in names for output in ("catalog", "lengths"))
+    named = tuple(f"{output}/{name}." for name in names for output in ("catalog", "dedup", "lengths"))
     named += tuple(f"packing/{name}.{table}" for name in names for table in ("rejects", "bins"))
     assert all(key.startswith((*named, "packages/")) or key.endswith(("/plan.jsonl", ".done.json"))
                for key in differing), differing

@@ -17,7 +17,7 @@ from vlm_assets.parquet_batches import rows_with_ids
 class DedupOutcome:
     decisions: SourceDecisions
     signatures_computed: int  # of this source's samples, computed now (the rest were stored)
-    signatures_rewritten: bool
+    signatures_written: bool  # whether the stored table changed (never on a rerun or a changed threshold)
     sources_ahead: list[str]  # the sources kept before this one that have a catalogue
     signatures_computed_ahead: int  # of theirs, not stored yet and computed here (not stored by this step)
 

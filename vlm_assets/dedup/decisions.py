@@ -4,6 +4,7 @@ a rejected row with its reason."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,11 @@ def write_decisions(path: Path, removed: list[Removal]) -> None:
                      schema=DECISION_SCHEMA)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
+
+
+def decisions_digest(path: Path) -> str:
+    """sha256 of the decisions file's bytes ("" without one): what the token lengths read of it."""
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
 
 
 def removed_reasons(path: Path) -> dict[str, str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from vlm_assets.asset_specs import may_measure_lengths, runs_energon
+from vlm_assets.asset_specs import SPECS, may_measure_lengths, runs_energon
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.defs.automation.dead_runs import IN_FLIGHT, assign_stranded_steps, fail_dead_runs
 from vlm_assets.defs.resources import (
@@ -158,13 +158,21 @@ class _Scheduler:
                 deps = self.dependencies(asset, key)
                 if deps is None or any(self.state.get(dep) in (None, "running") for dep in deps):
                     continue
-                bad = [dep for dep in deps if self.state[dep] in ("failed", "blocked")]
+                bad = [dep for dep in deps if self.state[dep] in ("failed", "blocked") and _needed(asset, key, dep)]
                 if bad:
                     self.state[(asset, key)] = "blocked"
                     self.echo(f"⊘ {label(asset, key)}: not built, upstream {label(*bad[0])} failed")
                     continue
                 ready.append((asset, key))
         return ready
+
+
+def _needed(asset: str, partition: str | None, dependency: tuple[str, str | None]) -> bool:
+    """Whether `asset[partition]` cannot be built without `dependency` built: all but another partition
+    of an upstream it reads every partition of (asset_specs: it takes what of those there is, and its
+    fingerprint names them, so one source's failed catalogue does not hold every source's dedup back)."""
+    parent, key = dependency
+    return asset not in SPECS or parent not in SPECS[asset].reads_every_partition_of or key == partition
 
 
 def run_graph(

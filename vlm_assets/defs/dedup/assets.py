@@ -53,6 +53,7 @@ def sample_dedup(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         "example_pairs": dg.MetadataValue.md(report.example_pairs_md(shown, media.get, lambda ref: _middle(video_frames.frames(ref)))),
         "distance_histogram": dg.MetadataValue.md(report.distance_histogram_md(removed)),
         "signatures_computed": outcome.signatures_computed,
+        "signatures_written": outcome.signatures_written,
         "signatures_computed_ahead": outcome.signatures_computed_ahead,
         "sources_ahead": dg.MetadataValue.json(outcome.sources_ahead),
     }, data_version=sha256_file(layout.dedup(source.name))[:20]))
