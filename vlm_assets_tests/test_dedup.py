@@ -24,6 +24,7 @@ from vlm_assets.dedup.index import BandedHashIndex, hamming
 from vlm_assets.definitions import build_definitions
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.layout import StorageLayout
+from vlm_assets.orchestration.report import samples_by_source
 
 NEAR = "dedup: {near_images: true, near_videos: true, near_text: true, max_removed_share: 0.9}\n"
 
@@ -174,6 +175,12 @@ def test_made_duplicates_are_rejected_rows_naming_the_sample_kept(site, instance
     assert metadata["sources_ahead"] == ["first"]
     # The first source's signatures were stored by its own step, not computed again.
     assert metadata["signatures_computed_ahead"] == 0
+
+    # The run summary counts the source's duplicates together, by kind, among its rejected samples.
+    assert _build(config, instance, ["packing_bins"], "second").success
+    [line] = [line for line in samples_by_source(load_config(config), instance) if line.startswith("  second:")]
+    assert line == ("  second: 2 packed, 5 rejected: 5 × removed as duplicates "
+                    "(2 near image, 1 exact, 1 near text, 1 near video)"), line
 
 
 def test_reused_media_with_other_text_are_kept_and_counted_and_media_only_removes_them(site, instance):

@@ -39,6 +39,15 @@ def decisions_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
 
 
+def removal_kinds(path: Path) -> dict[str, str]:
+    """Each reason a sample of the source at `path` was removed for -> its kind of duplicate (none where
+    the source has no decisions yet)."""
+    if not path.exists():
+        return {}
+    table = pq.read_table(path, columns=["reason", "kind"])
+    return dict(zip(table.column("reason").to_pylist(), table.column("kind").to_pylist()))
+
+
 def removed_reasons(path: Path) -> dict[str, str]:
     """Sample id -> why it was removed, of the source whose decisions are at `path` (none where it has none yet)."""
     if not path.exists():

@@ -10,6 +10,7 @@ import dagster as dg
 
 from vlm_assets.catalog.table import reason_kind
 from vlm_assets.config import AppConfig
+from vlm_assets.dedup.decisions import removal_kinds
 from vlm_assets.defs.failures import commonest_reasons, reasons_in
 from vlm_assets.defs.resources import latest_materialization
 from vlm_assets.layout import StorageLayout
@@ -96,8 +97,16 @@ def samples_by_source(app: AppConfig, instance: dg.DagsterInstance) -> list[str]
         rejects = layout.rejects(source.name)
         reasons: Counter[str] = Counter()
         if rejected and rejects.exists():
+            # Each duplicate's reason names the sample kept: they are counted together, by kind.
+            duplicate_kinds, duplicates = removal_kinds(layout.dedup(source.name)), Counter[str]()
             for reason, count in reasons_in(rejects, status_column=None).items():
-                reasons[reason_kind(reason)] += count
+                if reason in duplicate_kinds:
+                    duplicates[duplicate_kinds[reason].replace("_", " ")] += count
+                else:
+                    reasons[reason_kind(reason)] += count
+            if duplicates:
+                by_kind = ", ".join(f"{count} {kind}" for kind, count in duplicates.most_common())
+                reasons[f"removed as duplicates ({by_kind})"] = sum(duplicates.values())
         lines.append(f"  {source.name}: {packed} packed, {rejected} rejected"
                      + (f": {commonest_reasons(reasons)}" if reasons else ""))
     return lines
