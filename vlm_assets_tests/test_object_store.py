@@ -403,9 +403,10 @@ def test_the_demo_graph_on_object_storage_publishes_the_reference_run_and_energo
     assert sorted(published) == sorted(expected)
     differing = sorted(key for key in expected if hashlib.sha256(published[key]).hexdigest() != reference_run.outputs[key])
     # What names where the bytes were differs (the sources' catalogues, the keys of their dedup
-    # signatures, which take each medium's ref and stamp, and the reasons of their rejected rows, the frame plan and its shards' done records, the package holding those), and
-    # the bins' content hashes, which take each medium's stamp (here the store's ETag); everything a
-    # trainer reads is the same.
+    # signatures, which take each medium's ref and stamp, and the reasons of their rejected rows,
+    # the frame plan and its shards' done records, the package holding those), and the bins'
+    # content hashes, which take each medium's stamp (here the store's ETag); everything a trainer
+    # reads is the same.
     names = [source.name for source in sources]
     named = tuple(f"{output}/{name}." for name in names for output in ("catalog", "dedup", "lengths"))
     named += tuple(f"packing/{name}.{table}" for name in names for table in ("rejects", "bins"))
