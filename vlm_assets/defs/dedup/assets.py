@@ -71,8 +71,10 @@ def _middle(frames: np.ndarray) -> np.ndarray:
 def dedup_within_share(context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig) -> dg.AssetCheckResult:
     layout = vlm_config.layout
     source = context.partition_key
-    removed = len(removed_reasons(layout.dedup(source)))
-    samples = parquet_rows(layout.dedup_signatures(source))  # one row per catalogued ok sample
+    # Both files of one build: none is rewritten while they are read.
+    with vlm_config.locked_to_read(context.log, "sample_dedup", source):
+        removed = len(removed_reasons(layout.dedup(source)))
+        samples = parquet_rows(layout.dedup_signatures(source))  # one row per catalogued ok sample
     share = removed / samples if samples else 0.0
     limit = vlm_config.app.dedup.max_removed_share
     passed = share <= limit
