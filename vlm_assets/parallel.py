@@ -170,7 +170,10 @@ def _ordered_map_on_ray(function: Callable[[Item], Result], chunks: Iterable[Ite
 
     Each task's worker process runs `initializer(*initargs)` before its first chunk of this call (the
     arguments travel once, through Ray's object store); this process does too, as on the local path.
-    A chunk's failure is re-raised here as its own error, with a note naming the node it ran on.
+    A chunk's failure is re-raised here as its own error, with a note naming the node it ran on. The
+    chunks still in flight then are not waited for, nor cancelled: they finish on their own and their
+    results are dropped. (Cancelling them, forced or not, crashes this process now and then in Ray
+    2.60: "Tried to complete task that was not pending".)
     """
     import ray
 
@@ -182,25 +185,20 @@ def _ordered_map_on_ray(function: Callable[[Item], Result], chunks: Iterable[Ite
     in_flight: deque[Any] = deque()
     source = iter(chunks)
     set_up_here = False
-    try:
-        while True:
-            while len(in_flight) < window and (chunk := next(source, _END)) is not _END:
-                in_flight.append(task.remote(function, setup.hex(), setup, chunk))
-            if not set_up_here:
-                initializer(*initargs)  # after the first submits, so the cluster's set-up overlaps it
-                set_up_here = True
-            if not in_flight:
-                return
-            try:
-                result = ray.get(in_flight[0])
-            except ray.exceptions.RayTaskError as error:
-                raise error.cause from None  # the chunk's own error, as on the local path
-            in_flight.popleft()
-            yield result
-    finally:
-        # A failed chunk (or a consumer that stops early) ends the step: the rest are not waited for.
-        for ref in in_flight:
-            ray.cancel(ref, force=True)
+    while True:
+        while len(in_flight) < window and (chunk := next(source, _END)) is not _END:
+            in_flight.append(task.remote(function, setup.hex(), setup, chunk))
+        if not set_up_here:
+            initializer(*initargs)  # after the first submits, so the cluster's set-up overlaps it
+            set_up_here = True
+        if not in_flight:
+            return
+        try:
+            result = ray.get(in_flight[0])
+        except ray.exceptions.RayTaskError as error:
+            raise error.cause from None  # the chunk's own error, as on the local path
+        in_flight.popleft()
+        yield result
 
 
 @functools.cache
