@@ -13,10 +13,10 @@ changed punctuation), as a catalogue. Then alternates, --repeat times:
 
 Prints the medians (images/s/core and texts/s/core for the signatures, samples/s for the decisions)
 and the ratios. Then, for each of --index-sizes, fills the banded pHash index with that many random
-hashes and times queries of hashes a few bits from stored ones, with the memory the index added
-(the resident set's growth).
+hashes (in a process of its own) and times queries of hashes a few bits from stored ones, with the
+bytes its arrays hold per hash and the process's peak resident growth per hash.
 
-    .venv/bin/python bench/dedup.py [--samples 2000] [--size 640] [--repeat 3] [--index-sizes 1000000]
+    .venv/bin/python bench/dedup.py [--samples 2000] [--size 640] [--repeat 3] [--index-sizes 1000000 10000000]
                                     [--workdir bench/out/dedup]
 """
 
@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import resource
 import shutil
 import statistics
 import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import imagehash
@@ -144,22 +147,24 @@ def resident_bytes() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def index_scale(size: int, queries: int = 10_000, seed: int = 0) -> tuple[float, float]:
-    """(queries/s, bytes per stored hash) of the banded index holding `size` random 64-bit hashes."""
+def index_scale(size: int, queries: int = 10_000, seed: int = 0) -> tuple[float, float, float, float]:
+    """(queries/s, bytes per hash the index's arrays hold, the process's resident growth per hash at
+    its peak, seconds to add them) of the banded index holding `size` random 64-bit hashes."""
     rng = np.random.default_rng(seed)
     hashes = rng.integers(0, 2**63, size, dtype=np.int64).tolist()
     before = resident_bytes()
     index = BandedHashIndex(SETTINGS.image_distance)
+    start = time.perf_counter()
     for item, value in enumerate(hashes):
         index.add(item, (value,))
-    grown = resident_bytes() - before
-    flips = rng.integers(0, 64, (queries, 3))
-    probes = [hashes[int(at)] ^ sum(1 << int(bit) for bit in bits)
-              for at, bits in zip(rng.integers(0, size, queries), flips)]
+    filled = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    probes = [hashes[int(at)] ^ sum(1 << int(bit) for bit in rng.choice(64, 3, replace=False))
+              for at in rng.integers(0, size, queries)]
     start = time.perf_counter()
     for probe in probes:
         index.candidates((probe,))
-    return queries / (time.perf_counter() - start), grown / size
+    return queries / (time.perf_counter() - start), index.memory_bytes() / size, peak / size, filled
 
 
 def main() -> None:
@@ -167,7 +172,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2000, help="image samples, and as many text-only ones")
     parser.add_argument("--size", type=int, default=640, help="image width in pixels (height: 3/4 of it)")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--index-sizes", type=int, nargs="*", default=[1_000_000])
+    parser.add_argument("--index-sizes", type=int, nargs="*", default=[1_000_000, 10_000_000])
     parser.add_argument("--workdir", type=Path, default=Path("bench/out/dedup"))
     args = parser.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
@@ -199,8 +204,11 @@ def main() -> None:
           f"naive {2 * n / median['naive decisions']:8.0f} samples/s ({removed['naive']} removed)   "
           f"ours/naive {median['naive decisions'] / median['ours decisions']:.1f}x")
     for size in args.index_sizes:
-        rate, per_hash = index_scale(size)
-        print(f"  index      {size:,} image hashes: {rate:8.0f} queries/s, {per_hash:.0f} bytes per hash held")
+        # In a fresh process each: its peak resident set is the index's alone.
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            rate, held, peak, filled = pool.submit(index_scale, size).result()
+        print(f"  index      {size:,} image hashes (distance {SETTINGS.image_distance}): {rate:8.0f} queries/s, "
+              f"{held:.0f} bytes per hash held, peak resident growth {peak:.0f} bytes per hash, added in {filled:.1f} s")
 
 
 if __name__ == "__main__":

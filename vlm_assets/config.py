@@ -353,7 +353,7 @@ def _dedup_config(reader: _Reader, data: dict[str, Any], source_names: list[str]
         raise reader.fail("dedup.priority", f"no configured source named {unknown[0]!r} (known: {', '.join(source_names)})")
     return DedupConfig(
         **switches, **shares,
-        # Up to 32 bits: the index splits a hash into distance + 1 bands, each at least 1 bit wide.
+        # Up to 32 bits: two unrelated 64-bit hashes are 32 bits apart on average.
         image_distance=reader.integer(data, "image_distance", "dedup", defaults.image_distance, minimum=0, maximum=32),
         video_frames=reader.integer(data, "video_frames", "dedup", defaults.video_frames, maximum=64),
         text_shingle_chars=reader.integer(data, "text_shingle_chars", "dedup", defaults.text_shingle_chars),

@@ -294,6 +294,30 @@ def test_the_banded_index_finds_every_hash_within_the_distance():
             assert index.candidates((query,)) == within
 
 
+@pytest.mark.parametrize("distance", [0, 3, 10])
+def test_the_banded_index_finds_them_too_once_its_hashes_are_in_merged_sorted_runs(distance):
+    # Enough hashes for several runs of the buffer's size, merged; videos' frames as a second position.
+    rng = np.random.default_rng(7)
+    stored = rng.integers(0, 2**64, 60_000, dtype=np.uint64)
+    # Band values at the top of their range (at distance 0 a single 64-bit band: the top of its type).
+    stored[:50] = np.uint64(2**64 - 1) ^ rng.integers(0, 2**10, 50, dtype=np.uint64)
+    stored[50] = np.uint64(2**64 - 1)
+    frames = rng.integers(0, 2**64, 60_000, dtype=np.uint64)
+    index = BandedHashIndex(distance)
+    for item, (value, frame) in enumerate(zip(stored.tolist(), frames.tolist())):
+        index.add(item, (value, frame) if item % 2 else (value,))
+    assert index.memory_bytes() < 200 * 2 * len(stored)
+    for at in rng.integers(0, len(stored), 150).tolist() + list(range(10)) + [50]:
+        flipped = int(rng.integers(0, distance + 3))
+        query = int(stored[at]) ^ sum(1 << int(bit) for bit in rng.choice(64, flipped, replace=False))
+        frame = int(frames[at]) ^ (7 if distance else 0)
+        bits = np.bitwise_count(stored ^ np.uint64(query))
+        frame_bits = np.bitwise_count(frames ^ np.uint64(frame))
+        within = set(np.flatnonzero(bits <= distance).tolist()) | {
+            item for item in np.flatnonzero(frame_bits <= distance).tolist() if item % 2}
+        assert index.candidates((query, frame)) == within
+
+
 @pytest.mark.parametrize(("dedup", "message"), [
     ("dedup: {text_threshold: 1.5}", "dedup.text_threshold: must be a Jaccard similarity in (0, 1], got 1.5"),
     ("dedup: {near_text: yes please}", "dedup.near_text: expected true or false, got 'yes please'"),

@@ -1,29 +1,167 @@
 """Finding 64-bit perceptual hashes within a Hamming distance without comparing every pair.
 
-Multi-index hashing: a hash is cut into `m` bands of bits, each band value a key of its own. Two
-hashes that differ in at most `r` bits differ in at most `r // m` bits in some band (pigeonhole),
-so looking up, in each band, the query's band value and every value within `r // m` bits of it
-finds every stored hash within `r`, plus some farther ones, which are measured and dropped. Bands
-of about 16 bits keep both the lookups per query (the values within `r // m` bits) and the hashes
-met per lookup (stored hashes / 2¹⁶) small.
+Multi-index hashing: a hash is cut into `m` bands of bits. Two hashes that differ in at most `r` bits
+differ in at most `r // m` bits in some band (pigeonhole), so looking up, in each band, the query's
+band value and every value within `r // m` bits of it finds every stored hash within `r`, plus some
+farther ones, which are measured and dropped. Few wide bands mean many values to look up; many
+narrow ones mean many hashes met per lookup (stored hashes / 2^width). `m` is chosen for the number
+of hashes held, the one with the least of both (about 4 bands for a hundred thousand hashes at the
+default distance, 3 for millions).
+
+Memory matters at a hundred million samples, so nothing is held per hash as a Python object. The
+hashes live in sorted runs of numpy arrays (per band: the band values in order and where each hash
+is), found by binary search; new hashes wait in a small buffer that is scanned whole, and become a
+run when it fills. Runs of like size merge, as in a log-structured merge tree, so a hash is re-sorted
+only a logarithmic number of times and a query searches a logarithmic number of runs. That is
+8 + 16·m bytes per hash (its item, and per band its value, itself and its place).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections import defaultdict
 from itertools import combinations
 
+import numpy as np
+
 HASH_BITS = 64
-BAND_BITS = 16
+# Hashes buffered before they become a sorted run; a query scans the buffer whole.
+BUFFER_HASHES = 16384
+# What a value looked up (two binary searches in a large run) costs against a hash met, as measured
+# at ten million hashes.
+LOOKUP_COST = 12.0
 
 
 def hamming(a: int, b: int) -> int:
     return (a ^ b).bit_count()
 
 
-def _masks(width: int, radius: int) -> list[int]:
+@functools.cache
+def _flips(width: int, radius: int) -> np.ndarray:
     """Every `width`-bit value with at most `radius` bits set: the flips that reach a band's neighbours."""
-    return [sum(1 << bit for bit in bits) for count in range(radius + 1) for bits in combinations(range(width), count)]
+    dtype = np.uint32 if width <= 32 else np.uint64  # a band of up to 32 bits is held in 4 bytes
+    return np.array([sum(1 << bit for bit in bits) for count in range(radius + 1)
+                     for bits in combinations(range(width), count)], dtype=dtype)
+
+
+def _widths(count: int) -> list[int]:
+    return [HASH_BITS // count + (band < HASH_BITS % count) for band in range(count)]
+
+
+def _query_cost(count: int, max_distance: int, held: int) -> float:
+    """Values looked up and hashes met per query, with `held` hashes cut into `count` bands."""
+    radius = max_distance // count
+    cost = 0.0
+    for width in _widths(count):
+        lookups = sum(math.comb(width, flipped) for flipped in range(min(radius, width) + 1))
+        cost += lookups * (LOOKUP_COST + held / 2**width)
+    return cost
+
+
+class _Bands:
+    """How hashes are cut into bands: (shift, mask) of each, and the flips a lookup tries."""
+
+    def __init__(self, max_distance: int, held: int) -> None:
+        count = min(range(1, min(HASH_BITS, max_distance + 1) + 1),
+                    key=lambda count: _query_cost(count, max_distance, held))
+        widths = _widths(count)
+        self.shifts = np.cumsum([0, *widths[:-1]]).astype(np.uint64)
+        self.masks = np.array([(1 << width) - 1 for width in widths], dtype=np.uint64)
+        self.flips = [_flips(width, max_distance // count) for width in widths]
+
+    def values(self, hashes: np.ndarray, band: int) -> np.ndarray:
+        return ((hashes >> self.shifts[band]) & self.masks[band]).astype(self.flips[band].dtype)
+
+
+class _Run:
+    """Hashes sorted once per band, for binary search."""
+
+    def __init__(self, items: np.ndarray, hashes: np.ndarray, max_distance: int) -> None:
+        self.items = items
+        self.max_distance = max_distance
+        self.bands = _Bands(max_distance, len(hashes))
+        # Per band: the band values in order, the hashes in that order (the hashes a lookup meets lie
+        # side by side in memory), and where each of them is in `items`.
+        self.sorted: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for band in range(len(self.bands.flips)):
+            values = self.bands.values(hashes, band)
+            order = np.argsort(values, kind="stable").astype(np.int64 if len(hashes) >= 2**31 else np.int32)
+            self.sorted.append((values[order], hashes[order], order))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def contents(self) -> tuple[np.ndarray, np.ndarray]:
+        """(items, hashes), in the first band's order."""
+        _values, hashes, order = self.sorted[0]
+        return self.items[order], hashes
+
+    @property
+    def nbytes(self) -> int:
+        return self.items.nbytes + sum(values.nbytes + hashes.nbytes + order.nbytes for values, hashes, order in self.sorted)
+
+    def near(self, query: np.uint64) -> np.ndarray:
+        """The items of this run whose hash is within `max_distance` bits of `query`."""
+        found = []
+        for band, (values, hashes, order) in enumerate(self.sorted):
+            # In order: each binary search starts where the one before ended, and reads memory near it.
+            wanted = np.sort(self.bands.values(query, band) ^ self.bands.flips[band])
+            # One search for where each wanted value starts and where the next value starts.
+            bounds = np.searchsorted(values, np.concatenate([wanted, wanted + 1]))
+            starts, ends = bounds[:len(wanted)], bounds[len(wanted):]
+            # A band value at the dtype's top wraps to 0 above: its end is the array's end.
+            ends[wanted == np.iinfo(wanted.dtype).max] = len(values)
+            hits = ends > starts
+            if hits.any():
+                at = _ranges(starts[hits], ends[hits])
+                found.append(order[at[np.bitwise_count(hashes[at] ^ query) <= self.max_distance]])
+        # A hash found in several bands is listed several times: the caller's set takes it once.
+        return self.items[np.concatenate(found)] if found else np.empty(0, dtype=np.int64)
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The concatenation of range(start, end) for each pair, without a Python loop."""
+    lengths = ends - starts
+    offsets = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+    return offsets + np.arange(int(lengths.sum()))
+
+
+class _Position:
+    """The index of one hash position (an image's one hash, or one of a video's frames)."""
+
+    def __init__(self, max_distance: int) -> None:
+        self.max_distance = max_distance
+        self.runs: list[_Run] = []
+        self.buffer_items = np.empty(BUFFER_HASHES, dtype=np.int64)
+        self.buffer_hashes = np.empty(BUFFER_HASHES, dtype=np.uint64)
+        self.buffered = 0
+
+    def add(self, item: int, value: int) -> None:
+        self.buffer_items[self.buffered], self.buffer_hashes[self.buffered] = item, value
+        self.buffered += 1
+        if self.buffered == BUFFER_HASHES:
+            self._seal()
+
+    def _seal(self) -> None:
+        """The buffer becomes a run; runs that are no more than twice the next one's size merge."""
+        run = _Run(self.buffer_items.copy(), self.buffer_hashes.copy(), self.max_distance)
+        self.buffered = 0
+        while self.runs and len(self.runs[-1]) <= 2 * len(run):
+            (items, hashes), (more_items, more_hashes) = self.runs.pop().contents(), run.contents()
+            run = _Run(np.concatenate([items, more_items]), np.concatenate([hashes, more_hashes]), self.max_distance)
+        self.runs.append(run)
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer_items.nbytes + self.buffer_hashes.nbytes + sum(run.nbytes for run in self.runs)
+
+    def near(self, value: int) -> list[np.ndarray]:
+        query = np.uint64(value)
+        found = [run.near(query) for run in self.runs]
+        buffered = self.buffer_hashes[:self.buffered]
+        found.append(self.buffer_items[:self.buffered][np.bitwise_count(buffered ^ query) <= self.max_distance])
+        return found
 
 
 class BandedHashIndex:
@@ -32,35 +170,20 @@ class BandedHashIndex:
     of the query's at that position (exactly those)."""
 
     def __init__(self, max_distance: int) -> None:
-        self.max_distance = max_distance
-        bands = max(1, min(max_distance + 1, HASH_BITS // BAND_BITS))
-        widths = [HASH_BITS // bands + (band < HASH_BITS % bands) for band in range(bands)]
-        radius = max_distance // bands
-        self._bands: list[tuple[int, int, list[int]]] = []  # (shift, mask, neighbour flips)
-        shift = 0
-        for width in widths:
-            self._bands.append((shift, (1 << width) - 1, _masks(width, radius)))
-            shift += width
-        # position -> band -> band value -> items
-        self._tables: dict[int, list[dict[int, list[int]]]] = defaultdict(lambda: [defaultdict(list) for _ in self._bands])
-        self._hashes: dict[int, tuple[int, ...]] = {}
+        self._positions: dict[int, _Position] = defaultdict(lambda: _Position(max_distance))
 
     def add(self, item: int, hashes: tuple[int, ...]) -> None:
-        self._hashes[item] = hashes
         for position, value in enumerate(hashes):
-            for table, (shift, mask, _) in zip(self._tables[position], self._bands):
-                table[(value >> shift) & mask].append(item)
+            self._positions[position].add(item, value)
+
+    def memory_bytes(self) -> int:
+        """The bytes the index's arrays hold."""
+        return sum(position.nbytes for position in self._positions.values())
 
     def candidates(self, hashes: tuple[int, ...]) -> set[int]:
         found: set[int] = set()
         for position, value in enumerate(hashes):
-            if position not in self._tables:
-                continue
-            met: set[int] = set()
-            for table, (shift, mask, flips) in zip(self._tables[position], self._bands):
-                band = (value >> shift) & mask
-                for flip in flips:
-                    met.update(table.get(band ^ flip, ()))
-            found.update(item for item in met - found if position < len(self._hashes[item])
-                         and hamming(self._hashes[item][position], value) <= self.max_distance)
+            if position in self._positions:
+                for items in self._positions[position].near(value):
+                    found.update(items.tolist())
         return found
