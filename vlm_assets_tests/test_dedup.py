@@ -255,6 +255,46 @@ def test_a_source_wholly_duplicating_kept_data_adds_nothing_after_the_lengths(si
     assert not StorageLayout(load_config(config).storage_root).packed_wds("second").exists()
 
 
+def test_signatures_interrupted_part_way_resume_from_the_parts_kept_and_give_the_same_table(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from vlm_assets.config import DedupConfig, FrameCacheConfig
+    from vlm_assets.dedup.signatures import SIGNATURE_CHUNK_ROWS, signature_parts, source_signatures
+
+    rows = 4 * SIGNATURE_CHUNK_ROWS + 30
+    catalog = tmp_path / "catalog.parquet"
+    pq.write_table(pa.table({
+        "sample_id": [f"s/{number:05d}" for number in range(rows)], "status": ["ok"] * rows,
+        "messages": [json.dumps([{"role": "user", "content": f"tell me about tile {number}"},
+                                 {"role": "assistant", "content": f"tile {number} is {number % 7} shades warm"}])
+                     for number in range(rows)],
+        "media_kinds": [[] for _ in range(rows)], "media_refs": [[] for _ in range(rows)],
+        "media_stamps": [[] for _ in range(rows)],
+    }), catalog)
+    settings, frame_cache = DedupConfig(near_text=True), FrameCacheConfig()
+
+    def sign(store: Path, **options):
+        return source_signatures(catalog, store, settings, tmp_path / "spool", frame_cache, **options)
+
+    whole = sign(tmp_path / "whole.parquet")
+    store = tmp_path / "interrupted.parquet"
+
+    def interrupt_after_two_chunks(done: int) -> None:
+        if done >= 2 * SIGNATURE_CHUNK_ROWS:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sign(store, progress=interrupt_after_two_chunks, checkpoint_rows=SIGNATURE_CHUNK_ROWS)
+    assert not store.exists() and len(list(signature_parts(store).glob("*.parquet"))) == 2
+
+    resumed = sign(store)
+    assert (resumed.resumed, resumed.computed) == (2 * SIGNATURE_CHUNK_ROWS, rows - 2 * SIGNATURE_CHUNK_ROWS)
+    assert store.read_bytes() == (tmp_path / "whole.parquet").read_bytes()
+    assert resumed.signatures == whole.signatures
+    assert not signature_parts(store).exists()  # all they held is in the table
+
+
 def test_the_check_fails_when_a_source_loses_more_than_its_share(site, instance):
     config = _config(site, NEAR.replace("max_removed_share: 0.9", "max_removed_share: 0.25"))
     assert _build(config, instance, ["sample_catalog", "sample_dedup"], "first").success

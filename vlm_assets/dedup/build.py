@@ -18,6 +18,7 @@ class DedupOutcome:
     decisions: SourceDecisions
     signatures_computed: int  # of this source's samples, computed now (the rest were stored)
     signatures_written: bool  # whether the stored table changed (never on a rerun or a changed threshold)
+    signatures_resumed: int  # of this source's samples, taken from the parts an interrupted build left
     sources_ahead: list[str]  # the sources kept before this one that have a catalogue
     signatures_computed_ahead: int  # of theirs, not stored yet and computed here (not stored by this step)
 
@@ -42,7 +43,7 @@ def deduplicate_source(layout: StorageLayout, source: str, ahead: list[str], set
                             processes, progress=progress)
     decisions = decide([*signed, (source, own.signatures)], settings)[source]
     write_decisions(layout.dedup(source), decisions.removed)
-    return DedupOutcome(decisions, own.computed, own.written, [name for name, _ in signed], computed_ahead)
+    return DedupOutcome(decisions, own.computed, own.written, own.resumed, [name for name, _ in signed], computed_ahead)
 
 
 def first_media(layout: StorageLayout, sources: list[str], sample_ids: set[str]) -> dict[str, tuple[str, str]]:

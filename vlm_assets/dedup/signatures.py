@@ -3,7 +3,9 @@
 A source's signatures are kept in `dedup/<source>.signatures.parquet`, one row per catalogued ok
 sample, each under a key of what it was computed from (the sample's messages, its media and their
 stamps, the signature settings): a rebuild computes only rows whose key is new (records appended,
-media changed), and a changed threshold none at all, since thresholds only decide.
+media changed), and a changed threshold none at all, since thresholds only decide. While a build
+computes them, every few thousand are kept in `dedup/<source>.signatures.parts/` as they come, so a
+build interrupted part way resumes from there; the parts go once the table is written.
 
 Video frames come from the mosaic the catalogue rendered into the frame-cache spool
 (vlm_assets.frames.spool); a video without one is rendered once and spooled, so the frame cache's
@@ -17,6 +19,7 @@ import hashlib
 import io
 import json
 import re
+import shutil
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -53,6 +56,9 @@ SIGNATURE_SCHEMA = pa.schema([
 ])
 # Samples whose signatures one task computes (a worker process's share of a source).
 SIGNATURE_CHUNK_ROWS = 256
+# Signatures computed before they are kept as a part, for an interrupted build to resume from: a part
+# per minute or so of one core's work.
+CHECKPOINT_ROWS = 16384
 # An image is decoded at a reduced scale (JPEG's DCT scaling, both sides no smaller than this) and in
 # grey, all a pHash of 32 × 32 grey pixels looks at. Twice the hash's side: decoded nearer to it, a
 # resized copy's hash drifts by a few bits.
@@ -198,8 +204,9 @@ def _sign_rows(rows: list[tuple[dict[str, Any], str]]) -> list[SampleSignature]:
 @dataclass(frozen=True)
 class SignatureTable:
     signatures: list[SampleSignature]  # the catalogue's ok samples, in catalogue order
-    computed: int  # rows computed now (the others were kept from the stored table)
+    computed: int  # rows computed now (the others were kept from the stored table or its parts)
     written: bool  # whether the stored table was (re)written
+    resumed: int = 0  # rows taken from the parts an interrupted build left
 
 
 def read_signatures(path: Path) -> dict[str, SampleSignature]:
@@ -212,29 +219,66 @@ def read_signatures(path: Path) -> dict[str, SampleSignature]:
 
 
 def source_signatures(catalog: Path, store: Path, settings: DedupConfig, spool: Path, frame_cache: FrameCacheConfig,
-                      processes: int = 1, persist: bool = True,
-                      progress: Callable[[int], None] | None = None) -> SignatureTable:
+                      processes: int = 1, persist: bool = True, progress: Callable[[int], None] | None = None,
+                      checkpoint_rows: int = CHECKPOINT_ROWS) -> SignatureTable:
     """Signatures of every ok sample of the catalogue at `catalog`, those stored in `store` with the
     same key taken from there; with `persist`, `store` is rewritten (atomically) when anything in it
-    changed. `processes` compute the others side by side."""
+    changed, and every `checkpoint_rows` computed are kept as a part beside it until then (a build
+    interrupted before resumes from them). `processes` compute the others side by side."""
     stored = read_signatures(store)
+    parts = signature_parts(store)
+    resumable = _read_parts(parts) if persist else {}
     rows = [(row, key) for row in _ok_rows(catalog) for key in [row_key(row, settings, frame_cache)]]
-    to_compute = [(row, key) for row, key in rows if (kept := stored.get(row["sample_id"])) is None or kept.row_key != key]
     computed: dict[str, SampleSignature] = {}
+    resumed: dict[str, SampleSignature] = {}
+    to_compute = []
+    for row, key in rows:
+        if (part := resumable.get(row["sample_id"])) is not None and part.row_key == key:
+            resumed[row["sample_id"]] = part
+        elif (kept := stored.get(row["sample_id"])) is None or kept.row_key != key:
+            to_compute.append((row, key))
     chunks = [to_compute[start:start + SIGNATURE_CHUNK_ROWS] for start in range(0, len(to_compute), SIGNATURE_CHUNK_ROWS)]
     processes = min(processes, len(chunks))
+    unsaved: list[SampleSignature] = []
     for signed in ordered_map(_sign_rows, chunks, processes, start_signing, (settings, spool, frame_cache)):
         computed.update((signature.sample_id, signature) for signature in signed)
+        unsaved.extend(signed)
+        if persist and len(unsaved) >= checkpoint_rows:
+            _write_part(parts, unsaved)
+            unsaved = []
         if progress:
             progress(len(computed))
-    signatures = [computed.get(row["sample_id"]) or stored[row["sample_id"]] for row, _ in rows]
+    signatures = [computed.get(row["sample_id"]) or resumed.get(row["sample_id"]) or stored[row["sample_id"]]
+                  for row, _ in rows]
     # Rows of samples gone from the catalogue are dropped too; an unchanged table is left as it is.
-    write = persist and (bool(computed) or len(stored) != len(signatures) or not store.exists())
+    write = persist and (bool(computed) or bool(resumed) or len(stored) != len(signatures) or not store.exists())
     if write:
         store.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(store) as tmp:
             pq.write_table(_to_table(signatures), tmp)
-    return SignatureTable(signatures, len(computed), write)
+    if persist:
+        shutil.rmtree(parts, ignore_errors=True)  # all they held is in the table now
+    return SignatureTable(signatures, len(computed), write, len(resumed))
+
+
+def signature_parts(store: Path) -> Path:
+    """The folder of the signatures a build of `store` has computed and not yet written into it."""
+    return store.with_name(store.name.removesuffix(".parquet") + ".parts")
+
+
+def _write_part(parts: Path, signatures: list[SampleSignature]) -> None:
+    # Named by its samples: a resumed build that computes the same ones again writes the same part.
+    name = hashlib.sha256("\0".join(signature.sample_id for signature in signatures).encode()).hexdigest()[:24]
+    parts.mkdir(parents=True, exist_ok=True)
+    with atomic_path(parts / f"{name}.parquet") as tmp:
+        pq.write_table(_to_table(signatures), tmp)
+
+
+def _read_parts(parts: Path) -> dict[str, SampleSignature]:
+    found: dict[str, SampleSignature] = {}
+    for part in sorted(parts.glob("*.parquet")):
+        found.update(read_signatures(part))
+    return found
 
 
 def _ok_rows(catalog: Path) -> Iterator[dict[str, Any]]:

@@ -36,7 +36,8 @@ def sample_dedup(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
     removed = decisions.removed
     context.log.info(
         f"{source.name}: {plural(len(removed), 'duplicate')} removed of {plural(decisions.examined, 'sample')} "
-        f"({plural(outcome.signatures_computed, 'signature')} computed, the others stored before; "
+        f"({plural(outcome.signatures_computed, 'signature')} computed, "
+        f"{outcome.signatures_resumed} kept from an interrupted build, the others stored before; "
         f"compared with the samples kept in {', '.join(outcome.sources_ahead) or 'no other source'} first)")
     shown = removed[:report.EXAMPLE_PAIRS * 4]
     media = build.first_media(layout, [source.name, *outcome.sources_ahead],
@@ -54,6 +55,7 @@ def sample_dedup(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         "distance_histogram": dg.MetadataValue.md(report.distance_histogram_md(removed)),
         "signatures_computed": outcome.signatures_computed,
         "signatures_written": outcome.signatures_written,
+        "signatures_resumed": outcome.signatures_resumed,
         "signatures_computed_ahead": outcome.signatures_computed_ahead,
         "sources_ahead": dg.MetadataValue.json(outcome.sources_ahead),
     }, data_version=sha256_file(layout.dedup(source.name))[:20]))
