@@ -34,6 +34,7 @@ pytestmark = pytest.mark.processes
 SOURCE_ROWS = 6000
 CATALOGUE_TASK = "ray::vlm_assets.catalog.build._checked_chunk"
 LENGTHS_TASK = "ray::vlm_assets.tokens.table._measure_rows"
+SIGNATURES_TASK = "ray::vlm_assets.dedup.signatures._sign_rows"
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,8 @@ def _site(folder: Path, manifest: Path) -> Path:
 def _outputs(config: Path) -> dict[str, str]:
     """sha256 of every output the packed shards are built from and of the shards, by path under the root."""
     root = config.parent / "vlm_data"
-    paths = [root / "catalog/mixed.parquet", root / "lengths/mixed.parquet", root / "packing/mixed.bins.parquet",
+    paths = [root / "catalog/mixed.parquet", root / "dedup/mixed.signatures.parquet", root / "dedup/mixed.parquet",
+             root / "lengths/mixed.parquet", root / "packing/mixed.bins.parquet",
              root / "packing/mixed.rejects.parquet", root / "packed_json/mixed.jsonl",
              *sorted((root / "packed_wds/mixed").glob("*.tar"))]
     return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest() for path in paths if path.exists()}
@@ -105,13 +107,13 @@ def test_a_source_built_on_the_cluster_gives_the_one_machine_bytes(cluster, mani
     assert result.returncode == 0, result.stdout[-3000:]
     assert "Ray cluster: 2 CPU(s)" in result.stdout
     assert _outputs(config) == one_machine
-    # The catalogue's and the lengths' chunks ran on both worker nodes, none on the head (no CPUs).
+    # The catalogue's, the signatures' and the lengths' chunks ran on both worker nodes, none on the head (no CPUs).
     for node in (1, 2):
-        assert {CATALOGUE_TASK, LENGTHS_TASK} <= watch.seen[node], watch.seen
-    assert not any(title in watch.seen[0] for title in (CATALOGUE_TASK, LENGTHS_TASK))
+        assert {CATALOGUE_TASK, SIGNATURES_TASK, LENGTHS_TASK} <= watch.seen[node], watch.seen
+    assert not any(title in watch.seen[0] for title in (CATALOGUE_TASK, SIGNATURES_TASK, LENGTHS_TASK))
     # Dagster stays the control plane: the runs and their materialisations are on the instance.
     with dg.DagsterInstance.from_config(str(config.parent / "home")) as instance:
-        for asset in ("sample_catalog", "sample_lengths", "packed_wds_shards"):
+        for asset in ("sample_catalog", "sample_dedup", "sample_lengths", "packed_wds_shards"):
             assert instance.get_latest_materialization_event(dg.AssetKey(asset)) is not None
 
 
@@ -159,7 +161,8 @@ def test_a_node_lost_mid_step_costs_only_its_tasks_which_run_again_elsewhere(man
     assert LENGTHS_TASK in after.seen[2]  # the lost node's chunk ran again on the other one
     # Nothing lost, nothing twice: the catalogue and the length table are the one-machine build's, byte for byte.
     built = _outputs(config)
-    assert set(built) == {"catalog/mixed.parquet", "lengths/mixed.parquet"}
+    assert set(built) == {"catalog/mixed.parquet", "dedup/mixed.signatures.parquet", "dedup/mixed.parquet",
+                          "lengths/mixed.parquet"}
     assert all(built[path] == one_machine[path] for path in built)
 
 
