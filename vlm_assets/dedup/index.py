@@ -12,8 +12,9 @@ Memory matters at a hundred million samples, so nothing is held per hash as a Py
 hashes live in sorted runs of numpy arrays (per band: the band values in order and where each hash
 is), found by binary search; new hashes wait in a small buffer that is scanned whole, and become a
 run when it fills. Runs of like size merge, as in a log-structured merge tree, so a hash is re-sorted
-only a logarithmic number of times and a query searches a logarithmic number of runs. That is
-8 + 16·m bytes per hash (its item, and per band its value, itself and its place).
+only a logarithmic number of times and a query searches a logarithmic number of runs. A run keeps
+every band's keys in one sorted array, so a query costs one search per run, not one per band. That
+is 8 + 16·m bytes per hash (its item, and per band its key, itself and its place).
 """
 
 from __future__ import annotations
@@ -60,64 +61,80 @@ def _query_cost(count: int, max_distance: int, held: int) -> float:
 
 
 class _Bands:
-    """How hashes are cut into bands: (shift, mask) of each, and the flips a lookup tries."""
+    """How hashes are cut into bands, and their keys: a band's value with the band's number above it,
+    so that one sorted array holds every band, each band's keys side by side."""
 
     def __init__(self, max_distance: int, held: int) -> None:
         count = min(range(1, min(HASH_BITS, max_distance + 1) + 1),
                     key=lambda count: _query_cost(count, max_distance, held))
         widths = _widths(count)
+        self.count = count
         self.shifts = np.cumsum([0, *widths[:-1]]).astype(np.uint64)
         self.masks = np.array([(1 << width) - 1 for width in widths], dtype=np.uint64)
-        self.flips = [_flips(width, max_distance // count) for width in widths]
+        tag_shift = max(widths)
+        self.dtype = np.uint32 if tag_shift + (count - 1).bit_length() <= 32 else np.uint64
+        self.tags = [self.dtype(band << tag_shift) if count > 1 else self.dtype(0) for band in range(count)]
+        flips = [_flips(width, max_distance // count).astype(self.dtype) for width in widths]
+        self.flip_counts = np.array([len(each) for each in flips])
+        self.flips = np.concatenate(flips)
+        self.flip_tags = np.repeat(np.array(self.tags, dtype=self.dtype), self.flip_counts)
+        self.top = np.iinfo(self.dtype).max
 
-    def values(self, hashes: np.ndarray, band: int) -> np.ndarray:
-        return ((hashes >> self.shifts[band]) & self.masks[band]).astype(self.flips[band].dtype)
+    def keys(self, hashes: np.ndarray, band: int) -> np.ndarray:
+        return ((hashes >> self.shifts[band]) & self.masks[band]).astype(self.dtype) | self.tags[band]
+
+    def wanted(self, query: np.uint64) -> np.ndarray:
+        """The keys within the per-band radius of the query's, in order."""
+        values = ((query >> self.shifts) & self.masks).astype(self.dtype)
+        return np.sort((np.repeat(values, self.flip_counts) ^ self.flips) | self.flip_tags)
 
 
 class _Run:
-    """Hashes sorted once per band, for binary search."""
+    """Hashes sorted once by every band's key, for binary search."""
 
     def __init__(self, items: np.ndarray, hashes: np.ndarray, max_distance: int) -> None:
         self.items = items
         self.max_distance = max_distance
         self.bands = _Bands(max_distance, len(hashes))
-        # Per band: the band values in order, the hashes in that order (the hashes a lookup meets lie
-        # side by side in memory), and where each of them is in `items`.
-        self.sorted: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        for band in range(len(self.bands.flips)):
-            values = self.bands.values(hashes, band)
-            order = np.argsort(values, kind="stable").astype(np.int64 if len(hashes) >= 2**31 else np.int32)
-            self.sorted.append((values[order], hashes[order], order))
+        # The keys in order, the hashes in that order (the hashes a lookup meets lie side by side in
+        # memory), and where each of them is in `items`. A band's keys sort below the next band's, so
+        # each band is sorted into its own block: no sort of every band's keys at once, nor its memory.
+        held, count = len(hashes), self.bands.count
+        self.keys = np.empty(held * count, dtype=self.bands.dtype)
+        self.hashes = np.empty(held * count, dtype=np.uint64)
+        self.where = np.empty(held * count, dtype=np.int64 if held >= 2**31 else np.int32)
+        for band in range(count):
+            keys = self.bands.keys(hashes, band)
+            order = np.argsort(keys, kind="stable")
+            block = slice(band * held, (band + 1) * held)
+            self.keys[block], self.hashes[block], self.where[block] = keys[order], hashes[order], order
 
     def __len__(self) -> int:
         return len(self.items)
 
     def contents(self) -> tuple[np.ndarray, np.ndarray]:
-        """(items, hashes), in the first band's order."""
-        _values, hashes, order = self.sorted[0]
-        return self.items[order], hashes
+        """(items, hashes), in the first band's order (its keys come first)."""
+        return self.items[self.where[:len(self)]], self.hashes[:len(self)]
 
     @property
     def nbytes(self) -> int:
-        return self.items.nbytes + sum(values.nbytes + hashes.nbytes + order.nbytes for values, hashes, order in self.sorted)
+        return self.items.nbytes + self.keys.nbytes + self.hashes.nbytes + self.where.nbytes
 
     def near(self, query: np.uint64) -> np.ndarray:
         """The items of this run whose hash is within `max_distance` bits of `query`."""
-        found = []
-        for band, (values, hashes, order) in enumerate(self.sorted):
-            # In order: each binary search starts where the one before ended, and reads memory near it.
-            wanted = np.sort(self.bands.values(query, band) ^ self.bands.flips[band])
-            # One search for where each wanted value starts and where the next value starts.
-            bounds = np.searchsorted(values, np.concatenate([wanted, wanted + 1]))
-            starts, ends = bounds[:len(wanted)], bounds[len(wanted):]
-            # A band value at the dtype's top wraps to 0 above: its end is the array's end.
-            ends[wanted == np.iinfo(wanted.dtype).max] = len(values)
-            hits = ends > starts
-            if hits.any():
-                at = _ranges(starts[hits], ends[hits])
-                found.append(order[at[np.bitwise_count(hashes[at] ^ query) <= self.max_distance]])
+        # In order: each binary search starts where the one before ended, and reads memory near it.
+        wanted = self.bands.wanted(query)
+        # One search for where each wanted key starts and where the next key starts.
+        bounds = np.searchsorted(self.keys, np.concatenate([wanted, wanted + 1]))
+        starts, ends = bounds[:len(wanted)], bounds[len(wanted):]
+        # A key at the top of its type wraps to 0 above: its end is the array's end.
+        ends[wanted == self.bands.top] = len(self.keys)
+        hits = ends > starts
+        if not hits.any():
+            return np.empty(0, dtype=np.int64)
+        at = _ranges(starts[hits], ends[hits])
         # A hash found in several bands is listed several times: the caller's set takes it once.
-        return self.items[np.concatenate(found)] if found else np.empty(0, dtype=np.int64)
+        return self.items[self.where[at[np.bitwise_count(self.hashes[at] ^ query) <= self.max_distance]]]
 
 
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
