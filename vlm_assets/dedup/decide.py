@@ -22,27 +22,9 @@ from dataclasses import dataclass, field
 from datasketch import LeanMinHash, MinHashLSH
 
 from vlm_assets.config import DedupConfig
+from vlm_assets.dedup.decisions import EXACT, NEAR_IMAGE, NEAR_TEXT, NEAR_VIDEO, SAME_MEDIA, Removal
 from vlm_assets.dedup.index import BandedHashIndex, hamming
 from vlm_assets.dedup.signatures import SampleSignature, minhash_of
-
-# Duplicate kinds, as counted and named in reasons.
-EXACT = "exact"
-NEAR_IMAGE = "near_image"
-NEAR_VIDEO = "near_video"
-NEAR_TEXT = "near_text"
-SAME_MEDIA = "same_media"  # media_only
-KINDS = (EXACT, NEAR_IMAGE, NEAR_VIDEO, NEAR_TEXT, SAME_MEDIA)
-
-
-@dataclass(frozen=True)
-class Removal:
-    sample_id: str
-    kind: str
-    kept_id: str
-    distance: float  # bits (images, videos), 0 for exact and same media
-    jaccard: float  # of the texts; 1 when equal
-    reason: str
-
 
 @dataclass
 class SourceDecisions:

@@ -3,7 +3,7 @@
 import dagster as dg
 import numpy as np
 
-from vlm_assets.dedup.decisions import removed_reasons
+from vlm_assets.dedup.decisions import COPIES, removed_kinds
 from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, LoggedProgress, VlmConfig
 from vlm_assets.defs.spec_assets import spec_asset
 from vlm_assets.package.writer import sha256_file
@@ -66,23 +66,31 @@ def _middle(frames: np.ndarray) -> np.ndarray:
 @dg.asset_check(
     asset=sample_dedup,
     partitions_def=SOURCES_PARTITIONS,
-    description="Fails when deduplication removed more of the source's catalogued samples than dedup.max_removed_share.",
+    description="Fails when deduplication removed more of the source's catalogued samples as near duplicates than "
+    "dedup.max_removed_share (exact copies are not counted: no distance or threshold decides them).",
 )
 def dedup_within_share(context: dg.AssetCheckExecutionContext, vlm_config: VlmConfig) -> dg.AssetCheckResult:
     layout = vlm_config.layout
     source = context.partition_key
     # Both files of one build: none is rewritten while they are read.
     with vlm_config.locked_to_read(context.log, "sample_dedup", source):
-        removed = len(removed_reasons(layout.dedup(source)))
+        kinds = removed_kinds(layout.dedup(source))
         samples = parquet_rows(layout.dedup_signatures(source))  # one row per catalogued ok sample
-    share = removed / samples if samples else 0.0
+    # A share of near duplicates above the limit points at a distance or threshold set too loose; exact
+    # copies are certain, so a drop of data already kept passes, however much of it is copied.
+    copies = sum(count for kind, count in kinds.items() if kind in COPIES)
+    near = sum(kinds.values()) - copies
+    share = near / samples if samples else 0.0
     limit = vlm_config.app.dedup.max_removed_share
     passed = share <= limit
-    description = (f"{plural(removed, 'sample')} of {samples} removed as duplicates ({share:.1%}), "
+    description = (f"{plural(near, 'sample')} of {samples} removed as near duplicates ({share:.1%}), "
                    f"{'within' if passed else 'above'} dedup.max_removed_share ({limit:.0%})")
+    if copies:
+        description += f"; {plural(copies, 'exact copy', 'exact copies')} removed too, not counted"
     if not passed:
         description += ("; look at the asset's largest clusters and example pairs, then raise the share, "
                         "lower the distances, raise the text threshold or switch a near kind off")
     return dg.AssetCheckResult(passed=passed, description=description,
-                               metadata={"removed": removed, "samples": samples, "removed_share": round(share, 4),
+                               metadata={"removed": near + copies, "near_removed": near, "copies_removed": copies,
+                                         "samples": samples, "removed_share": round(share, 4),
                                          "max_removed_share": limit})
