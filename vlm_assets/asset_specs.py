@@ -117,11 +117,12 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         locks=_writes_source,
     ),
     AssetSpec(
-        "sample_dedup", 1, "dedup", Partitioning.SOURCES, ("sample_catalog",),
+        "sample_dedup", 2, "dedup", Partitioning.SOURCES, ("sample_catalog",),
         # A source is compared with the samples kept in the sources before it: their catalogues are
         # built first (its fingerprint names only those, Fingerprints._sample_dedup).
         reads_every_partition_of=("sample_catalog",),
-        settings=lambda app: [app.dedup.decision_settings(), mosaic_settings(app.frame_cache)],
+        # packing.mode: in append mode the samples already packed are kept first (vlm_assets.dedup.decide).
+        settings=lambda app: [app.dedup.decision_settings(), mosaic_settings(app.frame_cache), app.packing.mode],
         outputs=lambda layout, source, _app: [layout.dedup(source), layout.dedup_signatures(source)],
         locks=_writes_source,
     ),

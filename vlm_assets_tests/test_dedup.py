@@ -16,6 +16,7 @@ import av
 import dagster as dg
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
@@ -296,6 +297,37 @@ def test_an_inbox_drop_of_kept_data_builds_and_adds_nothing_to_the_shards(site, 
     # Built, the empty source is up to date: a rerun builds nothing.
     rerun = run(config, home, "--workers", "2")
     assert rerun.returncode == 0 and " 0 materialisation(s)" in rerun.stdout, rerun.stdout[-4000:]
+
+
+def test_in_append_mode_a_packed_sample_stays_kept_whatever_the_id_of_a_later_copy(site, instance):
+    config = _config(site, NEAR + "packing: {mode: append}\n")
+    lineage = ["sample_catalog", "sample_dedup", "sample_lengths", "packing_bins"]
+    for source in ("first", "second"):
+        assert _build(config, instance, lineage, source).success
+    layout = StorageLayout(load_config(config).storage_root)
+    bins_before = {source: pq.read_table(layout.bins(source)) for source in ("first", "second")}
+    second_before = _reasons(config, "second")
+    assert "second/b3.json" not in second_before  # packed in `second`
+
+    # Copies arriving later in `first`, the source kept first: one whose id sorts before its packed copy
+    # in `first`, one of a sample packed in `second`.
+    _sample(site / "first", "a0", STORY)
+    _sample(site / "first", "a5", CAPTION, ("a5.jpg", (site / "second" / "b3.jpg").read_bytes()))
+    for source in ("first", "second"):
+        result = _build(config, instance, lineage, source)
+        assert result.success, [event.message for event in result.all_events if event.is_failure]
+    assert _reasons(config, "first") == {"first/a0.json": "exact duplicate of first/a3.json",
+                                         "first/a5.json": "exact duplicate of second/b3.json"}
+    assert _reasons(config, "second") == second_before
+    for source, before in bins_before.items():
+        after = pq.read_table(layout.bins(source))
+        assert after.slice(0, before.num_rows).equals(before), source  # where they were packed
+    assert pq.read_table(layout.bins("first")).num_rows == bins_before["first"].num_rows  # nothing new to pack
+
+    # The keep order is stable: deciding again keeps the same ones, to the byte.
+    decided = layout.dedup("first").read_bytes()
+    assert _build(config, instance, ["sample_dedup"], "first").success
+    assert layout.dedup("first").read_bytes() == decided
 
 
 def test_the_check_fails_when_a_source_loses_more_than_its_share(site, instance):

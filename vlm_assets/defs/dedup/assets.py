@@ -7,6 +7,7 @@ from vlm_assets.dedup.decisions import COPIES, removed_kinds
 from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, LoggedProgress, VlmConfig
 from vlm_assets.defs.spec_assets import spec_asset
 from vlm_assets.package.writer import sha256_file
+from vlm_assets.packing.plan import packed_sample_ids
 from vlm_assets.parallel import step_processes
 from vlm_assets.parquet_batches import parquet_rows
 from vlm_assets.wording import plural
@@ -27,11 +28,16 @@ def sample_dedup(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
     app, layout = vlm_config.app, vlm_config.layout
     source = vlm_config.source(context.partition_key)
     step = vlm_config.build(context)
-    ahead = vlm_config.fingerprints(context.instance).dedup_ahead(source.name)
+    fingerprints = vlm_config.fingerprints(context.instance)
+    ahead, behind = fingerprints.dedup_ahead(source.name), fingerprints.dedup_behind(source.name)
     progress = LoggedProgress(context, "samples", lambda done, _total: f"{source.name}: {plural(done, 'signature')} computed")
     with step.writing():
+        # packing.mode append: bins once written stay, so the samples in them are kept before any other.
+        # Not part of the fingerprint: what a packing adds to them was kept by these very decisions.
+        packed = {name: packed_sample_ids(layout.bins(name)) for name in [*ahead, source.name, *behind]} \
+            if app.packing.mode == "append" else None
         outcome = build.deduplicate_source(layout, source.name, ahead, app.dedup, app.frame_cache, step_processes(),
-                                           progress.update)
+                                           progress.update, packed, behind)
     decisions = outcome.decisions
     removed = decisions.removed
     context.log.info(
@@ -39,7 +45,7 @@ def sample_dedup(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         f"({plural(outcome.signatures_computed, 'signature')} computed, the others stored before; "
         f"compared with the samples kept in {', '.join(outcome.sources_ahead) or 'no other source'} first)")
     shown = removed[:report.EXAMPLE_PAIRS * 4]
-    media = build.first_media(layout, [source.name, *outcome.sources_ahead],
+    media = build.first_media(layout, [source.name, *outcome.sources_ahead, *outcome.sources_behind],
                               {sample_id for removal in shown for sample_id in (removal.sample_id, removal.kept_id)})
     video_frames = VideoFrames(layout.mosaic_spool(app.frame_cache), app.frame_cache)
     return dg.MaterializeResult(**step.result({
@@ -56,6 +62,7 @@ def sample_dedup(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         "signatures_written": outcome.signatures_written,
         "signatures_computed_ahead": outcome.signatures_computed_ahead,
         "sources_ahead": dg.MetadataValue.json(outcome.sources_ahead),
+        "sources_behind_with_packed_samples": dg.MetadataValue.json(outcome.sources_behind),
     }, data_version=sha256_file(layout.dedup(source.name))[:20]))
 
 
