@@ -271,6 +271,35 @@ def test_a_source_wholly_duplicating_kept_data_is_built_empty(site, instance):
                     "shards), 4 rejected: 4 × removed as duplicates (4 exact)"), line
 
 
+def test_a_source_emptied_after_it_was_packed_loses_its_dataset_and_gets_it_back(site, instance):
+    shutil.rmtree(site / "second")
+    shutil.copytree(site / "first", site / "second")
+    lineage = ["sample_catalog", "sample_dedup", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards",
+               "energon_dataset"]
+    layout = StorageLayout(load_config(_config(site)).storage_root)
+
+    def build_both(priority: str) -> None:
+        config = _config(site, NEAR.replace("max_removed_share: 0.9}", f"max_removed_share: 0.9, priority: [{priority}]}}"))
+        for source in ("first", "second"):
+            result = _build(config, instance, lineage, source)
+            assert result.success, [event.message for event in result.all_events if event.is_failure]
+            assert all(check.passed for check in result.get_asset_check_evaluations()
+                       if check.severity == dg.AssetCheckSeverity.ERROR)  # fill_ratio warns of so few samples
+
+    def contents(source: str) -> list[str]:
+        return sorted(path.name for path in layout.packed_wds(source).iterdir())
+
+    build_both("first")
+    assert "empty.json" not in contents("first") and ".nv-meta" in contents("first")
+    assert contents("second") == ["empty.json"]
+    # `second` kept first now: `first` holds only its duplicates, and its shards and Energon dataset go.
+    build_both("second")
+    assert contents("first") == ["empty.json"]
+    assert "empty.json" not in contents("second") and ".nv-meta" in contents("second")
+    build_both("first")
+    assert "empty.json" not in contents("first") and ".nv-meta" in contents("first")
+
+
 @pytest.mark.processes
 def test_an_inbox_drop_of_kept_data_builds_and_adds_nothing_to_the_shards(site, tmp_path):
     config, home = _config(site, sources=("first",)), tmp_path / "home"
