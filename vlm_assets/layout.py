@@ -76,7 +76,8 @@ class StorageLayout:
         return self.packed_wds_root / source
 
     def empty_dataset(self, source: str) -> Path:
-        """In place of the Energon dataset of a source with no sample to pack, why it has none (vlm_assets.packing.empty)."""
+        """In place of the Energon dataset of a source with no sample to pack, why it has none
+        (vlm_assets.packing.empty)."""
         return self.packed_wds(source) / "empty.json"
 
     @property

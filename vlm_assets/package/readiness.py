@@ -26,7 +26,8 @@ def input_problems(app: AppConfig, layout: StorageLayout) -> list[str]:
     """Why the parts `app.package.include` names are not ready to package; empty when they are.
 
     packed_wds: every source configured in `app.sources` has at least one
-    pretrain-*.tar shard or is recorded empty, and the training mix (metadataset.yaml) exists. frame_cache: index.jsonl and failures.jsonl account for
+    pretrain-*.tar shard or is recorded empty (packing.empty), and the training mix
+    (metadataset.yaml) exists. frame_cache: index.jsonl and failures.jsonl account for
     every key of the cache's plan exactly once (a cache without a plan is not
     checked; nothing was planned into it).
     """

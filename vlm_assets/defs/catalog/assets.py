@@ -326,7 +326,8 @@ def lengths_match_processor(
         problems.append(f"{plural(len(mismatches), 'row')} differ from the exact path")
     if selection.processor_failure_count:
         problems.append(f"the processor call refused {plural(selection.processor_failure_count, 'row')}")
-    # Rows the sample type cannot carry and the duplicates removed are rejects with their reason, not a processor's failure.
+    # Rows the sample type cannot carry and the duplicates removed are rejects with their reason,
+    # not a processor's failure.
     accepted = selection.catalog_ok - selection.not_carried - len(removed_reasons(layout.dedup(source.name)))
     if accepted > 0 and not selection.ok_by_kind:
         problems.append(f"none of the {plural(accepted, 'accepted sample')} has a length")
