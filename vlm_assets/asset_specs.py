@@ -117,11 +117,12 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         locks=_writes_source,
     ),
     AssetSpec(
-        "sample_dedup", 1, "dedup", Partitioning.SOURCES, ("sample_catalog",),
+        "sample_dedup", 2, "dedup", Partitioning.SOURCES, ("sample_catalog",),
         # A source is compared with the samples kept in the sources before it: their catalogues are
         # built first (its fingerprint names only those, Fingerprints._sample_dedup).
         reads_every_partition_of=("sample_catalog",),
-        settings=lambda app: [app.dedup.decision_settings(), mosaic_settings(app.frame_cache)],
+        # packing.mode: in append mode the samples already packed are kept first (vlm_assets.dedup.decide).
+        settings=lambda app: [app.dedup.decision_settings(), mosaic_settings(app.frame_cache), app.packing.mode],
         outputs=lambda layout, source, _app: [layout.dedup(source), layout.dedup_signatures(source)],
         locks=_writes_source,
     ),
@@ -159,9 +160,11 @@ ASSET_SPECS: tuple[AssetSpec, ...] = (
         damage=lambda layout, source, recorded: _shards_damage(layout, source, recorded, with_energon_index=False),
     ),
     AssetSpec(
-        "energon_dataset", 3, "packing", Partitioning.SOURCES, ("packed_wds_shards",),
+        "energon_dataset", 4, "packing", Partitioning.SOURCES, ("packed_wds_shards",),
         settings=lambda app: [app.sample.sample_type], runs_energon=True,
-        outputs=lambda layout, source, _app: [layout.packed_wds(source) / MAIN_FOLDER_NAME / DATASET_YAML],
+        # A source with no sample to pack has no Energon dataset, but the record saying why (packing.empty).
+        outputs=lambda layout, source, _app: [layout.empty_dataset(source) if layout.empty_dataset(source).is_file()
+                                              else layout.packed_wds(source) / MAIN_FOLDER_NAME / DATASET_YAML],
         published=lambda layout, source, _app: [layout.packed_wds(source)],
         locks=_writes_source,
         damage=lambda layout, source, recorded: _shards_damage(layout, source, recorded, with_energon_index=True),
@@ -289,8 +292,8 @@ def damaged_outputs(layout: StorageLayout, asset: str, partition: str | None, ap
 
 def _shards_damage(layout: StorageLayout, source: str, recorded: dict[str, object], with_energon_index: bool) -> list[str]:
     """A source's shards (as many as its build recorded) missing or cut short; with Energon's index, its files missing."""
-    if "shards" not in recorded:
-        return []
+    if "shards" not in recorded or recorded.get("empty"):
+        return []  # an empty source has neither shards nor Energon's index
     folder = layout.packed_wds(source)
     shards = [folder / shard_name(index) for index in range(int(str(recorded["shards"])))]
     damage = [f"{shard} is missing" for shard in shards if not shard.is_file()]

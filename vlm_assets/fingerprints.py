@@ -132,6 +132,11 @@ class Fingerprints:
         order = priority_order(self.sources, self.app.dedup.priority)
         return order[:order.index(source)]
 
+    def dedup_behind(self, source: str) -> list[str]:
+        """The sources whose kept samples come after `source`'s, in keep order (but for those already packed)."""
+        order = priority_order(self.sources, self.app.dedup.priority)
+        return order[order.index(source) + 1:]
+
     def _sample_length_chunk(self, key: str) -> str:
         source, index = split_chunk_partition(key)
         if source not in self._chunk_plans:

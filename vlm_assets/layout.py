@@ -75,6 +75,11 @@ class StorageLayout:
         """A source's shards; with its `.nv-meta`, that source's own Energon dataset."""
         return self.packed_wds_root / source
 
+    def empty_dataset(self, source: str) -> Path:
+        """In place of the Energon dataset of a source with no sample to pack, why it has none
+        (vlm_assets.packing.empty)."""
+        return self.packed_wds(source) / "empty.json"
+
     @property
     def metadataset(self) -> Path:
         """The training mix: an Energon metadataset blending every source's dataset."""

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import dagster as dg
 
+from vlm_assets.definitions import build_definitions
+from vlm_assets.defs.automation.sensors import inbox_sensor
 from vlm_assets.demo import CONFIG_NAME
 
 INBOX_CONFIG = """\
@@ -62,3 +64,14 @@ def tick(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, defs: dg.Def
     for event in result.asset_events or []:
         instance.report_runless_asset_event(event)
     return result
+
+
+def register_inbox_entries(config: Path, home: Path) -> set[str]:
+    """Tick the real inbox sensor until it registers the inbox's finished entries; the new `sources` partitions."""
+    defs = build_definitions(config)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        before = set(instance.get_dynamic_partitions("sources"))
+        cursor = None
+        for _ in range(2):  # an entry is taken once it is unchanged from one tick to the next
+            cursor = tick(inbox_sensor, instance, defs, cursor).cursor
+        return set(instance.get_dynamic_partitions("sources")) - before

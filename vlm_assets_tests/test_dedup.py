@@ -16,6 +16,7 @@ import av
 import dagster as dg
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
@@ -25,6 +26,8 @@ from vlm_assets.definitions import build_definitions
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
 from vlm_assets.layout import StorageLayout
 from vlm_assets.orchestration.report import samples_by_source
+from vlm_assets_tests.automation_support import register_inbox_entries
+from vlm_assets_tests.run_support import run, snapshot
 
 NEAR = "dedup: {near_images: true, near_videos: true, near_text: true, max_removed_share: 0.9}\n"
 
@@ -104,14 +107,13 @@ def site(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _config(site: Path, dedup: str = NEAR) -> Path:
+def _config(site: Path, dedup: str = NEAR, sources: tuple[str, ...] = ("first", "second")) -> Path:
     path = site / "vlm_assets.yaml"
+    listed = "".join(f"\n          - {{name: {name}, kind: flat_dir, path: ./{name}}}" for name in sources)
     path.write_text(textwrap.dedent(f"""\
         storage: {{root: {site / "data"}}}
         inbox: {site / "inbox"}
-        sources:
-          - {{name: first, kind: flat_dir, path: ./first}}
-          - {{name: second, kind: flat_dir, path: ./second}}
+        sources:{listed}
         model:
           processor: embedded
           processor_kwargs: {{min_pixels: 3136, max_pixels: 50176}}
@@ -240,19 +242,121 @@ def test_an_appended_sample_is_signed_alone_and_checked_against_the_stored_signa
     assert _reasons(config, "second")["second/b9.json"] == "exact duplicate of first/a3.json"
 
 
-def test_a_source_wholly_duplicating_kept_data_adds_nothing_after_the_lengths(site, instance):
+def test_a_source_wholly_duplicating_kept_data_is_built_empty(site, instance):
     # `second` holds only copies of `first`'s samples (a drop of data already kept).
     shutil.rmtree(site / "second")
     shutil.copytree(site / "first", site / "second")
     config = _config(site)
-    assert _build(config, instance, ["sample_catalog", "sample_dedup", "sample_lengths"], "first").success
-    lineage = ["sample_catalog", "sample_dedup", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards"]
+    lineage = ["sample_catalog", "sample_dedup", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards",
+               "energon_dataset"]
+    assert _build(config, instance, lineage, "first").success
     result = _build(config, instance, lineage, "second")
-    [failure] = [event for event in result.all_events if event.is_step_failure]
-    assert failure.step_key == "sample_lengths"
-    assert ("second: no sample left after token lengths (4 rejected): 4 × exact duplicate of first/a1.json (and the like)"
-            in failure.step_failure_data.error.message)
-    assert not StorageLayout(load_config(config).storage_root).packed_wds("second").exists()
+    assert result.success, [event.message for event in result.all_events if event.is_failure]
+    assert all(check.passed for check in result.get_asset_check_evaluations())
+    why = ("0 samples: every sample was a duplicate or rejected (4 duplicates of samples kept before, "
+           "0 rejected otherwise)")
+    metadata = {event.asset_key.path[0]: event.materialization.metadata
+                for event in result.get_asset_materialization_events()}
+    for asset in ("sample_lengths", "packing_bins", "energon_dataset"):
+        assert metadata[asset]["empty"].value == why, asset
+    layout = StorageLayout(load_config(config).storage_root)
+    rejects = pd.read_parquet(layout.rejects("second"))
+    assert dict(zip(rejects.sample_id, rejects.reason)) == {
+        f"second/a{index}.json": f"exact duplicate of first/a{index}.json" for index in range(1, 5)}
+    # No shard, no Energon dataset: the record saying why in their place.
+    assert list(layout.packed_wds("second").iterdir()) == [layout.empty_dataset("second")]
+    assert json.loads(layout.empty_dataset("second").read_text())["why"] == why
+    [line] = [line for line in samples_by_source(load_config(config), instance) if line.startswith("  second:")]
+    assert line == ("  second: 0 packed (empty: every sample was a duplicate or rejected, it adds nothing to the "
+                    "shards), 4 rejected: 4 × removed as duplicates (4 exact)"), line
+
+
+def test_a_source_emptied_after_it_was_packed_loses_its_dataset_and_gets_it_back(site, instance):
+    shutil.rmtree(site / "second")
+    shutil.copytree(site / "first", site / "second")
+    lineage = ["sample_catalog", "sample_dedup", "sample_lengths", "packing_bins", "packed_json", "packed_wds_shards",
+               "energon_dataset"]
+    layout = StorageLayout(load_config(_config(site)).storage_root)
+
+    def build_both(priority: str) -> None:
+        config = _config(site, NEAR.replace("max_removed_share: 0.9}", f"max_removed_share: 0.9, priority: [{priority}]}}"))
+        for source in ("first", "second"):
+            result = _build(config, instance, lineage, source)
+            assert result.success, [event.message for event in result.all_events if event.is_failure]
+            assert all(check.passed for check in result.get_asset_check_evaluations()
+                       if check.severity == dg.AssetCheckSeverity.ERROR)  # fill_ratio warns of so few samples
+
+    def contents(source: str) -> list[str]:
+        return sorted(path.name for path in layout.packed_wds(source).iterdir())
+
+    build_both("first")
+    assert "empty.json" not in contents("first") and ".nv-meta" in contents("first")
+    assert contents("second") == ["empty.json"]
+    # `second` kept first now: `first` holds only its duplicates, and its shards and Energon dataset go.
+    build_both("second")
+    assert contents("first") == ["empty.json"]
+    assert "empty.json" not in contents("second") and ".nv-meta" in contents("second")
+    build_both("first")
+    assert "empty.json" not in contents("first") and ".nv-meta" in contents("first")
+
+
+@pytest.mark.processes
+def test_an_inbox_drop_of_kept_data_builds_and_adds_nothing_to_the_shards(site, tmp_path):
+    config, home = _config(site, sources=("first",)), tmp_path / "home"
+    built = run(config, home, "--workers", "2")
+    assert built.returncode == 0, built.stdout[-4000:]
+    layout = StorageLayout(load_config(config).storage_root)
+    shards_before = snapshot(layout.packed_wds_root)
+
+    shutil.copytree(site / "first", site / "inbox" / "drop")  # data already kept, dropped again
+    assert register_inbox_entries(config, home) == {"inbox-drop"}
+    result = run(config, home, "--workers", "2")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert ("  inbox-drop: 0 packed (empty: every sample was a duplicate or rejected, it adds nothing to the shards), "
+            "4 rejected: 4 × removed as duplicates (4 exact)") in result.stdout, result.stdout[-4000:]
+
+    # The kept source's shards, its Energon dataset and the training mix are as they were.
+    shards_after = snapshot(layout.packed_wds_root)
+    assert shards_after == {**shards_before, "inbox-drop/empty.json": shards_after["inbox-drop/empty.json"]}
+    assert json.loads(layout.empty_dataset("inbox-drop").read_text())["why"] == (
+        "0 samples: every sample was a duplicate or rejected (4 duplicates of samples kept before, 0 rejected otherwise)")
+    rejects = pd.read_parquet(layout.rejects("inbox-drop"))
+    assert dict(zip(rejects.sample_id, rejects.reason)) == {
+        f"inbox-drop/a{index}.json": f"exact duplicate of first/a{index}.json" for index in range(1, 5)}
+    # Built, the empty source is up to date: a rerun builds nothing.
+    rerun = run(config, home, "--workers", "2")
+    assert rerun.returncode == 0 and " 0 materialisation(s)" in rerun.stdout, rerun.stdout[-4000:]
+
+
+def test_in_append_mode_a_packed_sample_stays_kept_whatever_the_id_of_a_later_copy(site, instance):
+    config = _config(site, NEAR + "packing: {mode: append}\n")
+    lineage = ["sample_catalog", "sample_dedup", "sample_lengths", "packing_bins"]
+    for source in ("first", "second"):
+        assert _build(config, instance, lineage, source).success
+    layout = StorageLayout(load_config(config).storage_root)
+    bins_before = {source: pq.read_table(layout.bins(source)) for source in ("first", "second")}
+    second_before = _reasons(config, "second")
+    assert "second/b3.json" not in second_before  # packed in `second`
+
+    # Copies arriving later in `first`, the source kept first: one whose id sorts before its packed copy
+    # in `first`, one of a sample packed in `second`.
+    _sample(site / "first", "a0", STORY)
+    _sample(site / "first", "a5", CAPTION, ("a5.jpg", (site / "second" / "b3.jpg").read_bytes()))
+    for source in ("first", "second"):
+        result = _build(config, instance, lineage, source)
+        assert result.success, [event.message for event in result.all_events if event.is_failure]
+    assert _reasons(config, "first") == {"first/a0.json": "exact duplicate of first/a3.json",
+                                         "first/a5.json": "exact duplicate of second/b3.json"}
+    assert _reasons(config, "second") == second_before
+    for source, before in bins_before.items():
+        after = pq.read_table(layout.bins(source))
+        assert after.slice(0, before.num_rows).equals(before), source  # where they were packed
+    assert pq.read_table(layout.bins("first")).num_rows == bins_before["first"].num_rows  # nothing new to pack
+
+    # The keep order is stable: deciding again keeps the same ones, to the byte.
+    decided = layout.dedup("first").read_bytes()
+    assert _build(config, instance, ["sample_dedup"], "first").success
+    assert layout.dedup("first").read_bytes() == decided
 
 
 def test_signatures_interrupted_part_way_resume_from_the_parts_kept_and_give_the_same_table(tmp_path):
@@ -302,7 +406,8 @@ def test_the_check_fails_when_a_source_loses_more_than_its_share(site, instance)
     [check] = [evaluation for evaluation in result.get_asset_check_evaluations()
                if evaluation.check_name == "dedup_within_share"]
     assert not check.passed
-    assert check.description.startswith("5 samples of 7 removed as duplicates (71.4%), above dedup.max_removed_share (25%)")
+    assert check.description.startswith("4 samples of 7 removed as near duplicates (57.1%), above "
+                                        "dedup.max_removed_share (25%); 1 exact copy removed too, not counted")
 
 
 def test_exact_only_by_default_keeps_near_duplicates(site, instance):

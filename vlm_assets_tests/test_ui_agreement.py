@@ -21,13 +21,11 @@ import dagster as dg
 import pytest
 import yaml
 
-from vlm_assets.defs.automation.sensors import inbox_sensor
-from vlm_assets.definitions import build_definitions
 from vlm_assets.demo import write_demo
 from vlm_assets.layout import StorageLayout
 from vlm_assets.locks import file_lock
 from vlm_assets.orchestration.home import POSTGRES_HOST_ENV, ensure_dagster_home
-from vlm_assets_tests.automation_support import drop_flat_source, tick
+from vlm_assets_tests.automation_support import drop_flat_source, register_inbox_entries
 from vlm_assets_tests.run_support import run, site_config, start_run, wait_for_started_run
 from vlm_assets_tests.ui_support import Ui, free_port, start_dagster, stop_group, wait_for_location
 
@@ -121,25 +119,9 @@ def plan_needs_building(config: Path, home: Path) -> set[str]:
             if line.split("  ", 1)[0].strip() in ("missing", "failed", "stale")}
 
 
-def register_inbox_entries(config: Path, home: Path) -> set[str]:
-    """Tick the real inbox sensor until it registers the inbox's finished entries; the new `sources` partitions."""
-    defs = build_definitions(config)
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        before = set(instance.get_dynamic_partitions("sources"))
-        cursor = None
-        for _ in range(2):  # an entry is taken once it is unchanged from one tick to the next
-            cursor = tick(inbox_sensor, instance, defs, cursor).cursor
-        return set(instance.get_dynamic_partitions("sources")) - before
-
-
 def test_run_and_the_ui_agree_on_what_needs_building(tmp_path, monkeypatch):
     demo = write_demo(tmp_path / "demo").parent
     config = site_config(demo / "vlm_assets.yaml", tmp_path / "site")
-    # The inbox entry below is a copy of demo_images: exact copies are kept here, so its lineage builds
-    # through (removed, every sample of it would be a duplicate and its lengths would stop the run).
-    raw = yaml.safe_load(config.read_text())
-    raw["dedup"]["exact"] = False
-    config.write_text(yaml.safe_dump(raw, sort_keys=False))
     monkeypatch.delenv(POSTGRES_HOST_ENV, raising=False)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     home = ensure_dagster_home(tmp_path / "home")
@@ -183,6 +165,7 @@ def test_run_and_the_ui_agree_on_what_needs_building(tmp_path, monkeypatch):
             assert agree("a changed source file") == {"sample_catalog [demo_video]"}
             settle("a changed source file")
 
+            # A copy of demo_images: every sample of it a duplicate, it is built empty.
             drop_flat_source(demo, config.parent / "inbox")
             (entry,) = register_inbox_entries(config, home)
             assert {f"sample_catalog [{entry}]", f"energon_dataset [{entry}]"} <= agree("a new inbox entry")

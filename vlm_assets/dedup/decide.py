@@ -1,9 +1,12 @@
 """Which samples are duplicates of a sample kept before them, and of which.
 
 Samples are taken in one stated order: sources by priority (`dedup.priority` first, then the config's
-order, then inbox sources), within a source by sample id. Each is compared with the samples kept
-before it; the first it matches (in that order) is the one it duplicates, and it is removed; else
-it is kept. So a rerun keeps the same ones, and a sample another source already holds is not kept twice.
+order, then inbox sources), within a source by sample id. With `packing.mode: append`, the samples
+already packed (in the bins on disk) are all taken first, in that order, then the others in that
+order: a sample packed stays where it is, whatever the id of a copy arriving later. Each is compared
+with the samples kept before it; the first it matches (in that order) is the one it duplicates, and
+it is removed; else it is kept. So a rerun keeps the same ones, and a sample another source already
+holds is not kept twice.
 
 A duplicate is a sample, not a medium: its media and its conversation must both match a kept
 sample's. Media match when each medium's bytes are equal (sha256), or, with the near kinds on, its
@@ -17,31 +20,15 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from datasketch import LeanMinHash, MinHashLSH
 
 from vlm_assets.config import DedupConfig
+from vlm_assets.dedup.decisions import EXACT, NEAR_IMAGE, NEAR_TEXT, NEAR_VIDEO, SAME_MEDIA, Removal
 from vlm_assets.dedup.index import BandedHashIndex, hamming
 from vlm_assets.dedup.signatures import SampleSignature, minhash_of
-
-# Duplicate kinds, as counted and named in reasons.
-EXACT = "exact"
-NEAR_IMAGE = "near_image"
-NEAR_VIDEO = "near_video"
-NEAR_TEXT = "near_text"
-SAME_MEDIA = "same_media"  # media_only
-KINDS = (EXACT, NEAR_IMAGE, NEAR_VIDEO, NEAR_TEXT, SAME_MEDIA)
-
-
-@dataclass(frozen=True)
-class Removal:
-    sample_id: str
-    kind: str
-    kept_id: str
-    distance: float  # bits (images, videos), 0 for exact and same media
-    jaccard: float  # of the texts; 1 when equal
-    reason: str
 
 
 @dataclass
@@ -173,24 +160,30 @@ def _reason(match: _Match, kept_id: str, media_only: bool) -> str:
     return f"near-duplicate {medium} of {kept_id} ({details}{suffix})"
 
 
-def decide(sources: list[tuple[str, list[SampleSignature]]], settings: DedupConfig) -> dict[str, SourceDecisions]:
-    """Decisions for every source of `sources` (in keep order), each source's samples taken by sample id."""
+def decide(sources: list[tuple[str, list[SampleSignature]]], settings: DedupConfig,
+           packed: Collection[str] = ()) -> dict[str, SourceDecisions]:
+    """Decisions for every source of `sources` (in keep order), each source's samples taken by sample id;
+    the samples already `packed` (packing.mode append) first, those of every source before any other."""
     kept = _Kept(settings)
-    decisions: dict[str, SourceDecisions] = {}
-    for name, signatures in sources:
-        source = decisions[name] = SourceDecisions()
-        media_texts: dict[str, set[str]] = defaultdict(set)
-        for sample in sorted(signatures, key=lambda signature: signature.sample_id):
-            source.examined += 1
-            match = kept.match(sample)
-            if match is None:
-                kept.add(sample)
-                for sha in set(sample.media_sha256):
-                    media_texts[sha].add(sample.text_sha256)
-                continue
-            kept_id = kept.samples[match.kept].sample_id
-            media_only = match.kind != EXACT and settings.media_only and bool(sample.media_sha256)
-            source.removed.append(Removal(sample.sample_id, match.kind, kept_id, match.distance, match.jaccard,
-                                          _reason(match, kept_id, media_only)))
-        source.reused_media = Counter({sha: len(texts) for sha, texts in media_texts.items() if len(texts) > 1})
+    decisions = {name: SourceDecisions() for name, _ in sources}
+    media_texts: dict[str, dict[str, set[str]]] = {name: defaultdict(set) for name, _ in sources}
+    # A sample packed by an earlier build stays where it is packed: nothing arriving later removes it.
+    for first in (True, False) if packed else (False,):
+        for name, signatures in sources:
+            source = decisions[name]
+            taken = [signature for signature in signatures if not packed or (signature.sample_id in packed) == first]
+            for sample in sorted(taken, key=lambda signature: signature.sample_id):
+                source.examined += 1
+                match = kept.match(sample)
+                if match is None:
+                    kept.add(sample)
+                    for sha in set(sample.media_sha256):
+                        media_texts[name][sha].add(sample.text_sha256)
+                    continue
+                kept_id = kept.samples[match.kept].sample_id
+                media_only = match.kind != EXACT and settings.media_only and bool(sample.media_sha256)
+                source.removed.append(Removal(sample.sample_id, match.kind, kept_id, match.distance, match.jaccard,
+                                              _reason(match, kept_id, media_only)))
+    for name, source in decisions.items():
+        source.reused_media = Counter({sha: len(texts) for sha, texts in media_texts[name].items() if len(texts) > 1})
     return decisions

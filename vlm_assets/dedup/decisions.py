@@ -5,16 +5,36 @@ a rejected row with its reason."""
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlm_assets.atomic import atomic_path
 
-if TYPE_CHECKING:  # the decisions' reader (the token lengths) need not import the deciding and its libraries
-    from vlm_assets.dedup.decide import Removal
+# Duplicate kinds, as counted and named in reasons (vlm_assets.dedup.decide).
+EXACT = "exact"
+NEAR_IMAGE = "near_image"
+NEAR_VIDEO = "near_video"
+NEAR_TEXT = "near_text"
+SAME_MEDIA = "same_media"  # media_only
+KINDS = (EXACT, NEAR_IMAGE, NEAR_VIDEO, NEAR_TEXT, SAME_MEDIA)
+# Kinds of equal bytes, which no distance or threshold decides: not judged by the share check.
+COPIES = frozenset({EXACT, SAME_MEDIA})
+
+@dataclass(frozen=True)
+class Removal:
+    """One removed sample, a row of the decisions file."""
+
+    sample_id: str
+    kind: str
+    kept_id: str
+    distance: float  # bits (images, videos), 0 for exact and same media
+    jaccard: float  # of the texts; 1 when equal
+    reason: str
+
 
 DECISION_SCHEMA = pa.schema([
     ("sample_id", pa.string()),
@@ -54,3 +74,10 @@ def removed_reasons(path: Path) -> dict[str, str]:
         return {}
     table = pq.read_table(path, columns=["sample_id", "reason"])
     return dict(zip(table.column("sample_id").to_pylist(), table.column("reason").to_pylist()))
+
+
+def removed_kinds(path: Path) -> Counter[str]:
+    """Samples removed from the source whose decisions are at `path`, by kind of duplicate (none without decisions)."""
+    if not path.exists():
+        return Counter()
+    return Counter(pq.read_table(path, columns=["kind"]).column("kind").to_pylist())

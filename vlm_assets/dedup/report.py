@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 from PIL import Image, ImageOps
 
-from vlm_assets.dedup.decide import KINDS, NEAR_TEXT, Removal
+from vlm_assets.dedup.decisions import KINDS, NEAR_TEXT, Removal
 from vlm_assets.media.refs import open_media
 from vlm_assets.wording import md_cell
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Collection
 from pathlib import Path
 
 import dagster as dg
 
 from vlm_assets.catalog.schema import STATUS_OK
+from vlm_assets.packing.empty import EmptySource, may_be_empty
 from vlm_assets.parquet_batches import parquet_batches
 from vlm_assets.wording import plural
 
@@ -71,6 +73,16 @@ def nothing_left(source: str, step: str, reasons: Counter[str], reasons_md: str)
         description=f"{source}: no sample left after {step} ({total} rejected): {commonest_reasons(reasons) or 'no records'}",
         metadata={"rejected": total, "rejects_by_reason": dg.MetadataValue.md(reasons_md)},
     )
+
+
+def emptied(source: str, step: str, reasons: Counter[str], duplicate_reasons: Collection[str],
+            reasons_md: str) -> EmptySource:
+    """A source `step` left with no sample, built empty where deduplication removed any of its samples
+    (`duplicate_reasons`: the reasons it gave them); else the failure naming its reasons (nothing_left)."""
+    duplicates = sum(count for reason, count in reasons.items() if reason in duplicate_reasons)
+    if not may_be_empty(duplicates):
+        raise nothing_left(source, step, reasons, reasons_md)
+    return EmptySource(source, sum(reasons.values()), duplicates)
 
 
 def commonest_reasons(reasons: Counter[str], named: int = NAMED_REASONS) -> str:

@@ -13,6 +13,7 @@ from vlm_assets.config import AppConfig
 from vlm_assets.dedup.decisions import removal_kinds
 from vlm_assets.defs.failures import commonest_reasons, reasons_in
 from vlm_assets.defs.resources import latest_materialization
+from vlm_assets.inbox import inbox_sources
 from vlm_assets.layout import StorageLayout
 from vlm_assets.orchestration.task import CheckOutcome, TaskOutcome
 from vlm_assets.wording import plural
@@ -82,31 +83,41 @@ def print_outputs(app: AppConfig, echo: Callable[[str], None] = print) -> None:
 
 
 def samples_by_source(app: AppConfig, instance: dg.DagsterInstance) -> list[str]:
-    """Per configured source, its samples packed and rejected, with the commonest reasons, as its
-    latest packing_bins recorded them: every record read ends up in one or the other."""
+    """Per configured source, then per inbox source packed so far, its samples packed and rejected, with
+    the commonest reasons, as its latest packing_bins recorded them: every record read ends up in one or
+    the other. A source left with no sample (packing.empty) is said to be empty."""
     layout = StorageLayout(app.storage_root)
     lines = [f"samples by source, as packing_bins last counted them (each rejected one with its reason: "
              f"{layout.rejects('SOURCE')}):"]
-    for source in app.sources:
-        record = latest_materialization(instance, "packing_bins", source.name)
+    configured = [source.name for source in app.sources]
+    inbox = [source.name for source in inbox_sources(app.inbox)]
+    for name in configured + [name for name in inbox if name not in configured]:
+        record = latest_materialization(instance, "packing_bins", name)
         materialization = record.asset_materialization if record is not None else None
         if materialization is None:
-            lines.append(f"  {source.name}: not packed yet")
+            if name in configured:
+                lines.append(f"  {name}: not packed yet")
             continue
-        packed, rejected = (materialization.metadata[key].value for key in ("packed_samples", "rejected_samples"))
-        rejects = layout.rejects(source.name)
-        reasons: Counter[str] = Counter()
-        if rejected and rejects.exists():
-            # Each duplicate's reason names the sample kept: they are counted together, by kind.
-            duplicate_kinds, duplicates = removal_kinds(layout.dedup(source.name)), Counter[str]()
-            for reason, count in reasons_in(rejects, status_column=None).items():
-                if reason in duplicate_kinds:
-                    duplicates[duplicate_kinds[reason].replace("_", " ")] += count
-                else:
-                    reasons[reason_kind(reason)] += count
-            if duplicates:
-                by_kind = ", ".join(f"{count} {kind}" for kind, count in duplicates.most_common())
-                reasons[f"removed as duplicates ({by_kind})"] = sum(duplicates.values())
-        lines.append(f"  {source.name}: {packed} packed, {rejected} rejected"
-                     + (f": {commonest_reasons(reasons)}" if reasons else ""))
+        lines.append(_source_line(layout, name, materialization))
     return lines
+
+
+def _source_line(layout: StorageLayout, name: str, materialization: dg.AssetMaterialization) -> str:
+    """What one source's packing_bins recorded, in one line."""
+    packed, rejected = (materialization.metadata[key].value for key in ("packed_samples", "rejected_samples"))
+    rejects = layout.rejects(name)
+    reasons: Counter[str] = Counter()
+    if rejected and rejects.exists():
+        # Each duplicate's reason names the sample kept: they are counted together, by kind.
+        duplicate_kinds, duplicates = removal_kinds(layout.dedup(name)), Counter[str]()
+        for reason, count in reasons_in(rejects, status_column=None).items():
+            if reason in duplicate_kinds:
+                duplicates[duplicate_kinds[reason].replace("_", " ")] += count
+            else:
+                reasons[reason_kind(reason)] += count
+        if duplicates:
+            by_kind = ", ".join(f"{count} {kind}" for kind, count in duplicates.most_common())
+            reasons[f"removed as duplicates ({by_kind})"] = sum(duplicates.values())
+    empty = " (empty: every sample was a duplicate or rejected, it adds nothing to the shards)" \
+        if "empty" in materialization.metadata else ""
+    return f"  {name}: {packed} packed{empty}, {rejected} rejected" + (f": {commonest_reasons(reasons)}" if reasons else "")

@@ -16,6 +16,7 @@ from vlm_assets.frames.index import verify_coverage
 from vlm_assets.frames.plan import read_plan
 from vlm_assets.layout import StorageLayout
 from vlm_assets.package.recipe import FRAME_CACHE, PACKED_WDS
+from vlm_assets.packing.empty import EmptySource
 from vlm_assets.packing.wds import list_shards
 
 SHOWN_KEYS = 5
@@ -25,7 +26,8 @@ def input_problems(app: AppConfig, layout: StorageLayout) -> list[str]:
     """Why the parts `app.package.include` names are not ready to package; empty when they are.
 
     packed_wds: every source configured in `app.sources` has at least one
-    pretrain-*.tar shard, and the training mix (metadataset.yaml) exists. frame_cache: index.jsonl and failures.jsonl account for
+    pretrain-*.tar shard or is recorded empty (packing.empty), and the training mix
+    (metadataset.yaml) exists. frame_cache: index.jsonl and failures.jsonl account for
     every key of the cache's plan exactly once (a cache without a plan is not
     checked; nothing was planned into it).
     """
@@ -44,7 +46,8 @@ def missing_shards(layout: StorageLayout, sources: Iterable[str]) -> list[str]:
         f"source {source!r} has no packed shards: no pretrain-*.tar in {layout.packed_wds(source)} "
         "(materialise packed_wds_shards for it, or remove it from the config)"
         for source in sources
-        if not list_shards(layout.packed_wds(source))
+        # An empty source has none by design (packing.empty): the training mix leaves it out.
+        if not list_shards(layout.packed_wds(source)) and EmptySource.load(layout.empty_dataset(source)) is None
     ]
 
 

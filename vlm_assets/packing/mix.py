@@ -22,6 +22,7 @@ import yaml
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.config import AppConfig, SourceConfig
 from vlm_assets.layout import StorageLayout
+from vlm_assets.packing.empty import EmptySource
 from vlm_assets.packing.energon import DATASET_YAML, MAIN_FOLDER_NAME, SPLIT
 from vlm_assets.packing.plan import BinsOnDisk
 
@@ -61,15 +62,20 @@ def source_subflavors(app: AppConfig, source: SourceConfig) -> dict[str, Any]:
 
 
 def mixable(sources: Iterable[SourceConfig], layout: StorageLayout, optional: Collection[str]) -> tuple[list[SourceConfig], dict[str, str]]:
-    """The sources the mix takes, and why each `optional` one without an Energon dataset is left out.
+    """The sources the mix takes, why each `optional` one without an Energon dataset is left out, and
+    why each empty one is (packing.empty: it has no sample to draw).
 
     Inbox sources are optional: one whose lineage has not succeeded (yet) would otherwise hold back
-    the mix of every other source. A configured source is never left out (mix_entries names what it lacks).
+    the mix of every other source. A configured source is left out only when empty (otherwise
+    mix_entries names what it lacks).
     """
     taken, left_out = [], {}
     for source in sources:
         meta = layout.packed_wds(source.name) / MAIN_FOLDER_NAME / DATASET_YAML
-        if source.name in optional and not meta.is_file():
+        empty = EmptySource.load(layout.empty_dataset(source.name))
+        if empty is not None and not meta.is_file():
+            left_out[source.name] = f"empty, {empty.why}"
+        elif source.name in optional and not meta.is_file():
             left_out[source.name] = f"no Energon dataset yet ({meta} missing); it joins once its packing lineage succeeds"
         else:
             taken.append(source)

@@ -375,6 +375,13 @@ def iter_bins(path: Path, batch_rows: int = 8192) -> Iterator[tuple[int, list[st
         yield from zip(data["bin_id"], data["sample_ids"], data["lengths"])
 
 
+def packed_sample_ids(path: Path) -> set[str]:
+    """The ids of the samples packed in the bins at `path` (none where there are no bins yet)."""
+    if not path.exists():
+        return set()
+    return {sample_id for _, sample_ids, _ in iter_bins(path) for sample_id in sample_ids}
+
+
 @dataclass(frozen=True)
 class BinsOnDisk:
     """What a bins file holds, as numbers: per bin and per packed sample, read a batch at a time."""

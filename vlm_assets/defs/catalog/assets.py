@@ -16,13 +16,13 @@ from vlm_assets.media.checks import MediaCheckLog
 from vlm_assets.media.copies import MediaCopies
 from vlm_assets.catalog.schema import STATUS_OK
 from vlm_assets.catalog.table import CatalogSummary, SourceChangedError, write_catalog
-from vlm_assets.dedup.decisions import removed_reasons
+from vlm_assets.dedup.decisions import removal_kinds, removed_reasons
 from vlm_assets.defs.catalog.source_files import (
     observed_digest,
     observed_source_files,
     source_files_observation,
 )
-from vlm_assets.defs.failures import nothing_left, reasons_in
+from vlm_assets.defs.failures import emptied, nothing_left, reasons_in
 from vlm_assets.defs.resources import (
     CHUNK_INDEX_PARTITIONS,
     HEAVY_POOL,
@@ -263,9 +263,13 @@ def sample_lengths(
     profile = summary.profile
     assert profile is not None, "a source's whole table loads its processor"
     lengths = summary.ok_token_lens
+    empty = {}
     if not len(lengths):
         reasons = reasons_in(path)
-        raise nothing_left(source.name, "token lengths", reasons, reason_table_md(reasons))
+        left = emptied(source.name, "token lengths", reasons, removal_kinds(vlm_config.layout.dedup(source.name)),
+                       reason_table_md(reasons))
+        context.log.warning(f"{source.name}: built empty, {left.why}; it adds nothing to the shards")
+        empty = {"empty": left.why, "rejects_by_reason": dg.MetadataValue.md(reason_table_md(reasons))}
     return dg.MaterializeResult(**build.result({
         "path": dg.MetadataValue.path(str(path)),
         "samples": summary.samples,
@@ -285,6 +289,7 @@ def sample_lengths(
         "special_tokens_in_text": source.special_tokens_in_text,
         "processor_fingerprint": hf_processor.fingerprint(),
         "transformers": transformers_version(),
+        **empty,
     }))
 
 
@@ -321,9 +326,11 @@ def lengths_match_processor(
         problems.append(f"{plural(len(mismatches), 'row')} differ from the exact path")
     if selection.processor_failure_count:
         problems.append(f"the processor call refused {plural(selection.processor_failure_count, 'row')}")
-    if selection.catalog_ok > selection.not_carried and not selection.ok_by_kind:
-        # Rows the sample type cannot carry are rejects with their reason, not a processor's failure.
-        problems.append(f"none of the {plural(selection.catalog_ok - selection.not_carried, 'accepted sample')} has a length")
+    # Rows the sample type cannot carry and the duplicates removed are rejects with their reason,
+    # not a processor's failure.
+    accepted = selection.catalog_ok - selection.not_carried - len(removed_reasons(layout.dedup(source.name)))
+    if accepted > 0 and not selection.ok_by_kind:
+        problems.append(f"none of the {plural(accepted, 'accepted sample')} has a length")
     recomputed = Counter(selection.kind_of.values())
     description = (f"{plural(len(chosen), 'row')} recomputed with the exact path "
                    f"({', '.join(f'{kind} {n}' for kind, n in recomputed.items()) or 'none'}), {len(mismatches)} differ")

@@ -1,6 +1,7 @@
 """Packing lineage: bins → packed JSON → WebDataset shards → Energon dataset (per source) → training mix."""
 
 import itertools
+from collections import Counter
 import shutil
 import threading
 import time
@@ -9,9 +10,11 @@ import dagster as dg
 
 from vlm_assets.atomic import atomic_open
 from vlm_assets.catalog.lookup import SampleLookup
+from vlm_assets.layout import StorageLayout
 from vlm_assets.media.copies import MediaCopies
 from vlm_assets.defs.conditions import FOLLOWS_UPSTREAM
-from vlm_assets.defs.failures import nothing_left, reasons_in
+from vlm_assets.dedup.decisions import removal_kinds
+from vlm_assets.defs.failures import emptied, reasons_in
 from vlm_assets.defs.packing import checks
 from vlm_assets.defs.resources import (
     HEAVY_POOL,
@@ -20,6 +23,7 @@ from vlm_assets.defs.resources import (
 )
 from vlm_assets.defs.spec_assets import spec_asset
 from vlm_assets.defs.tags import CHUNKED_TAG, FORCE_TAG
+from vlm_assets.packing.empty import EmptySource
 from vlm_assets.packing.energon import MAIN_FOLDER_NAME, PreparedRecord, prepare_energon_dataset
 from vlm_assets.packing.mix import (
     MixError,
@@ -72,9 +76,12 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         )
         # Metadata and checks judge what landed on disk, not what we meant to write.
         bins, rejected = BinsOnDisk.read(bins_path), reject_categories(rejects_path)
+        empty = {}
         if not bins.packed:
             reasons = reasons_in(rejects_path, status_column=None)
-            raise nothing_left(source, "packing", reasons, reject_counts_md(0, rejected))
+            left = emptied(source, "packing", reasons, removal_kinds(layout.dedup(source)), reject_counts_md(0, rejected))
+            context.log.warning(f"{source}: built empty, {left.why}; it adds nothing to the shards")
+            empty = {"empty": left.why}
     max_token_len = app.sample.max_token_len
     yield dg.MaterializeResult(**build.result({
         "bins_path": dg.MetadataValue.path(str(bins_path)),
@@ -87,6 +94,7 @@ def packing_bins(context: dg.AssetExecutionContext, vlm_config: VlmConfig):
         "outcomes": dg.MetadataValue.md(reject_counts_md(bins.packed, rejected)),
         "length_histogram": dg.MetadataValue.md(length_histogram_md(bins.lengths, max_token_len)),
         "fill_summary": dg.MetadataValue.md(fill_summary_md(bins, max_token_len)),
+        **empty,
     }))
     yield from checks.packing_bins_results(catalog_path, bins_path, rejects_path, bins, app)
 
@@ -206,11 +214,31 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
     record_path = layout.energon_prepared(source.name)
     forced = context.run.tags.get(FORCE_TAG) == "true"  # `run --force` indexes every shard again
     previous = None if forced else PreparedRecord.load(record_path)
+    empty = None
     with build.writing():
         shards = list_shards(root)
-        context.log.info(f"{source.name}: preparing Energon metadata over {plural(len(shards), 'shard')} in {root}")
-        dataset = prepare_energon_dataset(root, shards, subflavors, previous=previous)
-        dataset.record.save(record_path)
+        bins_path = layout.bins(source.name)
+        if not shards and bins_path.exists() and not BinsOnDisk.read(bins_path).packed:
+            # Energon's prepare refuses a folder without a tar: the source's folder says why it has no dataset.
+            empty = _write_empty(layout, source.name)
+            record_path.unlink(missing_ok=True)
+        else:
+            context.log.info(f"{source.name}: preparing Energon metadata over {plural(len(shards), 'shard')} in {root}")
+            dataset = prepare_energon_dataset(root, shards, subflavors, previous=previous)
+            dataset.record.save(record_path)
+            # A source with samples again is no longer empty.
+            layout.empty_dataset(source.name).unlink(missing_ok=True)
+    if empty is not None:
+        context.log.warning(f"{source.name}: no Energon dataset, {empty.why} ({layout.empty_dataset(source.name)}); "
+                            "the training mix and the packages leave it out")
+        return dg.MaterializeResult(**build.result({
+            "path": dg.MetadataValue.path(str(root)),
+            "shards": 0,
+            "samples": 0,
+            "empty": empty.why,
+            "empty_record": dg.MetadataValue.path(str(layout.empty_dataset(source.name))),
+            "subflavors": dg.MetadataValue.json(subflavors),
+        }))
     if dataset.kept_shards:
         context.log.info(f"{source.name}: kept the index entries of the {plural(dataset.kept_shards, 'shard')} "
                          f"indexed before; Energon read only the {plural(len(shards) - dataset.kept_shards, 'new shard')}")
@@ -226,6 +254,20 @@ def energon_dataset(context: dg.AssetExecutionContext, vlm_config: VlmConfig) ->
         "index_uuid": dataset.record.index_uuid,
         "subflavors": dg.MetadataValue.json(subflavors),
     }))
+
+
+def _write_empty(layout: StorageLayout, source: str) -> EmptySource:
+    """Record the source as empty in its folder (its rejects say why), its Energon metadata of an earlier build gone."""
+    rejects = layout.rejects(source)
+    reasons = reasons_in(rejects, status_column=None) if rejects.exists() else Counter()
+    duplicate_reasons = removal_kinds(layout.dedup(source))
+    empty = EmptySource(source, sum(reasons.values()),
+                        sum(count for reason, count in reasons.items() if reason in duplicate_reasons))
+    empty.save(layout.empty_dataset(source))
+    meta = layout.packed_wds(source) / MAIN_FOLDER_NAME
+    if meta.is_dir():
+        shutil.rmtree(meta)
+    return empty
 
 
 @spec_asset(

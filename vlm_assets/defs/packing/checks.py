@@ -10,6 +10,7 @@ import dagster as dg
 
 from vlm_assets.config import AppConfig
 from vlm_assets.defs.resources import SOURCES_PARTITIONS, VlmConfig
+from vlm_assets.packing.empty import EmptySource
 from vlm_assets.packing.energon import PreparedRecord, first_unloaded_sample, live_index_uuid, record_loaded
 from vlm_assets.packing.mix import (
     DRAW_SEED,
@@ -120,6 +121,10 @@ def energon_loads_every_sample(context: dg.AssetCheckExecutionContext, vlm_confi
     # Shared with other readers; excludes the shard writers and a re-prepare while Energon reads.
     with vlm_config.locked_to_read(context.log, "energon_dataset", source):
         bins_path = layout.bins(source)
+        empty = EmptySource.load(layout.empty_dataset(source))
+        if empty is not None and bins_path.exists() and not BinsOnDisk.read(bins_path).packed:
+            return dg.AssetCheckResult(passed=True, description=f"nothing to load: {empty.why}",
+                                       metadata={"loaded": 0, "expected": 0, "empty": empty.why})
         expected = [record_id(source, bin_id) for bin_id in BinsOnDisk.read(bins_path).bin_ids.tolist()] if bins_path.exists() else []
         live_uuid = live_index_uuid(root)
         start = first_unloaded_sample(PreparedRecord.load(layout.energon_prepared(source)), live_uuid, loaded_record)
