@@ -14,9 +14,12 @@ changed punctuation), as a catalogue. Then alternates, --repeat times:
 Prints the medians (images/s/core and texts/s/core for the signatures, samples/s for the decisions)
 and the ratios. Then, for each of --index-sizes, fills the banded pHash index with that many random
 hashes (in a process of its own) and times queries of hashes a few bits from stored ones, with the
-bytes its arrays hold per hash and the process's peak resident growth per hash.
+bytes its arrays hold per hash and the process's peak resident growth per hash; and for each of
+--decision-sizes, decides over that many distinct image samples with captions (near images and
+texts on), with the signatures' memory and the decision's peak growth per sample.
 
     .venv/bin/python bench/dedup.py [--samples 2000] [--size 640] [--repeat 3] [--index-sizes 1000000 10000000]
+                                    [--decision-sizes 200000]
                                     [--workdir bench/out/dedup]
 """
 
@@ -167,12 +170,30 @@ def index_scale(size: int, queries: int = 10_000, seed: int = 0) -> tuple[float,
     return queries / (time.perf_counter() - start), index.memory_bytes() / size, peak / size, filled
 
 
+def decision_scale(size: int, seed: int = 0) -> tuple[float, float, float]:
+    """(samples/s, the signatures' bytes per sample, the decision's peak resident growth per sample)
+    of `decide` over `size` one-image samples with captions, all distinct, near images and texts on."""
+    rng = np.random.default_rng(seed)
+    before = resident_bytes()
+    signatures = [SampleSignature(f"bench/{index:09d}", "0" * 32, ("image",), (f"{index:064x}",),
+                                  ((int(rng.integers(0, 2**63)),),), f"{size + index:064x}",
+                                  rng.integers(0, 2**32, SETTINGS.text_permutations).astype("<u4").tobytes())
+                  for index in range(size)]
+    held = resident_bytes() - before
+    start = time.perf_counter()
+    decide([("bench", signatures)], SETTINGS)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before - held
+    return size / seconds, held / size, peak / size
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--samples", type=int, default=2000, help="image samples, and as many text-only ones")
     parser.add_argument("--size", type=int, default=640, help="image width in pixels (height: 3/4 of it)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--index-sizes", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    parser.add_argument("--decision-sizes", type=int, nargs="*", default=[200_000])
     parser.add_argument("--workdir", type=Path, default=Path("bench/out/dedup"))
     args = parser.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
@@ -209,6 +230,11 @@ def main() -> None:
             rate, held, peak, filled = pool.submit(index_scale, size).result()
         print(f"  index      {size:,} image hashes (distance {SETTINGS.image_distance}): {rate:8.0f} queries/s, "
               f"{held:.0f} bytes per hash held, peak resident growth {peak:.0f} bytes per hash, added in {filled:.1f} s")
+    for size in args.decision_sizes:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            rate, held, peak = pool.submit(decision_scale, size).result()
+        print(f"  decisions  {size:,} distinct image samples with captions: {rate:8.0f} samples/s, signatures "
+              f"{held:.0f} bytes per sample, the decision's peak resident growth {peak:.0f} bytes per sample")
 
 
 if __name__ == "__main__":

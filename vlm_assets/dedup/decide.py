@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from datasketch import LeanMinHash, MinHashLSH
+from datasketch import MinHashLSH
 
 from vlm_assets.config import DedupConfig
 from vlm_assets.dedup.decisions import EXACT, NEAR_IMAGE, NEAR_TEXT, NEAR_VIDEO, SAME_MEDIA, Removal
@@ -60,7 +60,6 @@ class _Kept:
         self.images = BandedHashIndex(settings.image_distance)
         self.videos = BandedHashIndex(math.floor(settings.video_distance))
         self.texts = MinHashLSH(threshold=settings.text_threshold, num_perm=settings.text_permutations)
-        self._minhashes: dict[int, LeanMinHash] = {}
 
     def add(self, sample: SampleSignature) -> None:
         item = len(self.samples)
@@ -73,8 +72,8 @@ class _Kept:
                 (self.images if sample.media_kinds[0] == "image" else self.videos).add(item, first)
         self.by_text[sample.text_sha256].append(item)
         if sample.text_minhash:
-            self._minhashes[item] = minhash_of(sample.text_minhash)
-            self.texts.insert(item, self._minhashes[item])
+            # Not kept as a MinHash object (about a kilobyte each): a comparison makes one from the bytes.
+            self.texts.insert(item, minhash_of(sample.text_minhash))
 
     def match(self, sample: SampleSignature) -> _Match | None:
         """The first kept sample this one duplicates, by the kinds switched on."""
@@ -121,9 +120,9 @@ class _Kept:
         jaccard = 1.0
         near_text = not media_only and sample.text_sha256 != kept.text_sha256
         if near_text:
-            if not sample.text_minhash or item not in self._minhashes:
+            if not sample.text_minhash or not kept.text_minhash:
                 return None
-            jaccard = minhash_of(sample.text_minhash).jaccard(self._minhashes[item])
+            jaccard = minhash_of(sample.text_minhash).jaccard(minhash_of(kept.text_minhash))
             if jaccard < self.settings.text_threshold:
                 return None
         distance = max((bits for _, bits in distances), default=0.0)

@@ -21,7 +21,7 @@ import json
 import re
 import shutil
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,9 @@ class SampleSignature:
     media_sha256: tuple[str, ...]
     media_hashes: tuple[tuple[int, ...], ...]
     text_sha256: str
-    text_minhash: tuple[int, ...]
+    # The MinHash's values, 4 little-endian bytes each (empty where near text is off): a tuple of
+    # Python ints would take ten times the memory, and a decision holds every kept sample's.
+    text_minhash: bytes
 
     @property
     def exact_key(self) -> str:
@@ -115,9 +117,10 @@ def text_minhash(text: str, settings: DedupConfig) -> MinHash:
     return minhash
 
 
-def minhash_of(values: Iterable[int]) -> LeanMinHash:
-    """The MinHash a signature row stores, for comparison and the index (without permutations: it is not updated)."""
-    return LeanMinHash(seed=MINHASH_SEED, hashvalues=np.fromiter(values, dtype=np.uint64), scheme=MINHASH_SCHEME)
+def minhash_of(values: bytes) -> LeanMinHash:
+    """The MinHash a signature stores, for comparison and the index (without permutations: it is not updated)."""
+    return LeanMinHash(seed=MINHASH_SEED, hashvalues=np.frombuffer(values, dtype="<u4").astype(np.uint64),
+                       scheme=MINHASH_SCHEME)
 
 
 def image_phash(data: bytes) -> int:
@@ -181,7 +184,7 @@ def compute_signature(row: dict[str, Any], key: str, settings: DedupConfig, vide
             hashes.append(frame_phashes(video_frames.frames(ref), settings.video_frames))
         else:
             hashes.append(())
-    minhash = tuple(int(value) for value in text_minhash(text, settings).hashvalues) if settings.near_text else ()
+    minhash = text_minhash(text, settings).hashvalues.astype("<u4").tobytes() if settings.near_text else b""
     return SampleSignature(row["sample_id"], key, tuple(row["media_kinds"]), tuple(shas), tuple(hashes),
                            hashlib.sha256(text.encode()).hexdigest(), minhash)
 
@@ -288,6 +291,7 @@ def _ok_rows(catalog: Path) -> Iterator[dict[str, Any]]:
 
 def _to_table(signatures: list[SampleSignature]) -> pa.Table:
     columns = {name: [getattr(signature, name) for signature in signatures] for name in SIGNATURE_SCHEMA.names}
+    columns["text_minhash"] = [np.frombuffer(value, dtype="<u4").tolist() for value in columns["text_minhash"]]
     return pa.table({name: [list(map(list, value)) if name == "media_hashes" else
                             (list(value) if isinstance(value, tuple) else value) for value in values]
                      for name, values in columns.items()}, schema=SIGNATURE_SCHEMA)
@@ -296,4 +300,4 @@ def _to_table(signatures: list[SampleSignature]) -> pa.Table:
 def _from_row(row: dict[str, Any]) -> SampleSignature:
     return SampleSignature(row["sample_id"], row["row_key"], tuple(row["media_kinds"]), tuple(row["media_sha256"]),
                            tuple(tuple(hashes) for hashes in row["media_hashes"]), row["text_sha256"],
-                           tuple(row["text_minhash"]))
+                           np.asarray(row["text_minhash"], dtype="<u4").tobytes())
