@@ -2,8 +2,10 @@
 
 The asset here, a per-source count of catalogued samples, is what a newcomer would add: its spec goes
 into the registry (as a line in vlm_assets/asset_specs.py would put it there), its function uses
-`spec_asset` and `vlm_config.build`, and fingerprints, code versions, publishing's file list, the
-outputs freshness checks, `--select` and the locks all know it without another edit.
+`spec_asset` and returns `Built`, and fingerprints, code versions, publishing's file list, the
+outputs freshness checks, `--select` and the locks all know it without another edit. The function only
+builds and returns its metadata: the factory takes its fingerprint first, holds its locks while it runs
+and publishes its outputs after.
 """
 
 import json
@@ -17,7 +19,7 @@ from vlm_assets.asset_specs import AssetSpec, Locks, Partitioning, damaged_outpu
 from vlm_assets.atomic import atomic_write_text
 from vlm_assets.defs.catalog.assets import sample_catalog
 from vlm_assets.defs.resources import FINGERPRINT_KEY, SOURCES_PARTITIONS, VlmConfig
-from vlm_assets.defs.spec_assets import spec_asset
+from vlm_assets.defs.spec_assets import Built, spec_asset
 from vlm_assets.fingerprints import code_versions
 from vlm_assets.tokens.processor import processor_fingerprint
 
@@ -31,16 +33,14 @@ SAMPLE_COUNT = AssetSpec(
 
 def _sample_count_asset() -> dg.AssetsDefinition:
     @spec_asset("source_sample_count", description="How many samples of the source were catalogued ok.")
-    def source_sample_count(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
-        build = vlm_config.build(context)
+    def source_sample_count(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> Built:
         layout = vlm_config.layout
-        with build.writing():
-            catalog = pd.read_parquet(layout.catalog(context.partition_key), columns=["status"])
-            count = int((catalog.status == "ok").sum())
-            (target,) = asset_specs.spec_of("source_sample_count").outputs_of(layout, context.partition_key, vlm_config.app)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(target, json.dumps({"samples": count}))
-        return dg.MaterializeResult(**build.result({"samples": count}))
+        catalog = pd.read_parquet(layout.catalog(context.partition_key), columns=["status"])
+        count = int((catalog.status == "ok").sum())
+        (target,) = asset_specs.spec_of("source_sample_count").outputs_of(layout, context.partition_key, vlm_config.app)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(target, json.dumps({"samples": count}))
+        return Built({"samples": count})
 
     return source_sample_count
 

@@ -151,9 +151,10 @@ class VlmConfig(dg.ConfigurableResource):
         with file_locks(self.app.storage_root, exclusive, shared, on_wait=log.info):
             yield
 
-    def build(self, context: dg.AssetExecutionContext) -> "StepBuild":
-        """This step's build of its asset, its fingerprint taken now: call it before reading any input."""
-        return StepBuild(self, context)
+    def build(self, context: dg.AssetExecutionContext, take_fingerprint: bool = True) -> "StepBuild":
+        """This step's build of its asset, its fingerprint taken now (call it before reading any input),
+        unless the build takes its own."""
+        return StepBuild(self, context, take_fingerprint)
 
     @contextlib.contextmanager
     def locked_for(self, context: dg.AssetExecutionContext) -> Iterator[None]:
@@ -186,10 +187,10 @@ class StepBuild:
     its inputs; its spec's locks, held while it writes (`writing`); its outputs published when the
     writing ends; and the materialisation's metadata, versioned by the fingerprint (`result`)."""
 
-    def __init__(self, vlm_config: VlmConfig, context: dg.AssetExecutionContext) -> None:
+    def __init__(self, vlm_config: VlmConfig, context: dg.AssetExecutionContext, take_fingerprint: bool = True) -> None:
         self._vlm_config, self._context = vlm_config, context
         self.asset = context.asset_key.to_user_string()
-        self.fingerprint = vlm_config.fingerprint(context, self.asset)
+        self.fingerprint = vlm_config.fingerprint(context, self.asset) if take_fingerprint else None
         self.published: dict[str, Any] = {}
 
     @contextlib.contextmanager
@@ -198,9 +199,13 @@ class StepBuild:
             yield
             self.published = self._vlm_config.publish(self._context, self.asset)
 
-    def result(self, metadata: dict[str, Any], data_version: str | None = None) -> dict[str, Any]:
-        """MaterializeResult arguments: `metadata`, where it was published, and the fingerprint (see versioned)."""
-        return versioned({**metadata, **self.published}, self.fingerprint, data_version)
+    def result(self, metadata: dict[str, Any], data_version: str | None = None,
+               fingerprint: str | None = None) -> dict[str, Any]:
+        """MaterializeResult arguments: `metadata`, where it was published, and the fingerprint taken at
+        the start (or `fingerprint`, one the build took itself; see versioned)."""
+        taken = fingerprint or self.fingerprint
+        assert taken is not None, f"{self.asset}: a build that takes its own fingerprint returns it"
+        return versioned({**metadata, **self.published}, taken, data_version)
 
 
 SOURCES_PARTITIONS = dg.DynamicPartitionsDefinition(name="sources")

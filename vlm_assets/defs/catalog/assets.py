@@ -4,7 +4,6 @@
 from collections import Counter
 from pathlib import Path
 
-from typing import Any
 
 import dagster as dg
 import numpy as np
@@ -31,9 +30,8 @@ from vlm_assets.defs.resources import (
     LoggedProgress,
     register_partitions,
     VlmConfig,
-    versioned,
 )
-from vlm_assets.defs.spec_assets import spec_asset
+from vlm_assets.defs.spec_assets import Built, spec_asset
 from vlm_assets.defs.tags import CHUNKED_TAG, FORCE_TAG
 from vlm_assets.frames.spool import MosaicSpool
 from vlm_assets.package.writer import sha256_file
@@ -71,11 +69,12 @@ def reason_table_md(reasons: Counter[str], rows: int = SHOWN_REASONS) -> str:
 
 @spec_asset(
     "sample_catalog",
+    fingerprints_itself=True,
     kinds={"parquet"},
     tags={CHUNKED_TAG: "true"},
     description="Every input sample of a source: normalised messages, exactly resolved media, ok or rejected with a reason.",
 )
-def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> Built:
     source = vlm_config.source(context.partition_key)
     fingerprints = vlm_config.fingerprints(context.instance)
     progress = LoggedProgress(context, "records", lambda done, _total: f"{plural(done, 'record')} catalogued")
@@ -98,7 +97,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
             # Recorded before the materialisation, so the UI compares later observations with what this read.
             context.log_event(source_files_observation(source, walked))
         built = _catalogue(context, vlm_config, fingerprints, source, walked.snapshot, progress)
-    summary, validator, chunks, published = built
+    summary, validator, chunks = built
     fingerprint = fingerprints.of("sample_catalog", source.name)
     register_partitions(context.instance, CHUNK_INDEX_PARTITIONS, list(map(chunk_index_key, range(len(chunks)))))
     if summary.kept:
@@ -111,7 +110,7 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
     )
     if not summary.ok:
         raise nothing_left(source.name, "its catalogue", summary.reject_reasons, reason_table_md(summary.reject_reasons))
-    return dg.MaterializeResult(**versioned({
+    return Built({
         "path": dg.MetadataValue.path(str(path)),
         "samples": summary.samples,
         "ok": summary.ok,
@@ -124,42 +123,38 @@ def sample_catalog(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> 
         "media_unchanged_since_last_check": validator.remembered,
         "length_chunks": len(chunks),
         "rows_per_length_chunk": chunks.rows,
-        **published,
-    }, fingerprint,
+    }, fingerprint=fingerprint,
         # Its bytes: a catalogue rebuilt unchanged (a file touched) leaves its chunks fresh in the UI too.
-        data_version=sha256_file(path)[:20]))
+        data_version=sha256_file(path)[:20])
 
 
 def _catalogue(context: dg.AssetExecutionContext, vlm_config: VlmConfig, fingerprints: Fingerprints,
                source: SourceConfig, before: Snapshot, progress: LoggedProgress,
-               ) -> tuple[CatalogSummary, MediaValidator, ChunkPlan, dict[str, Any]]:
+               ) -> tuple[CatalogSummary, MediaValidator, ChunkPlan]:
     """Write the source's catalogue and its chunk plan, from files that were as `before` says when
-    the reading began (SourceChangedError when they no longer are once it ends); and where they
-    were published (VlmConfig.publish)."""
+    the reading began (SourceChangedError when they no longer are once it ends)."""
     app, layout = vlm_config.app, vlm_config.layout
     path = layout.catalog(source.name)
-    with vlm_config.locked_for(context):
-        check_log = MediaCheckLog(layout.media_checks(source.name))
-        # The validating decode also renders each video's frame-cache mosaic, for the plan and shards to take.
-        spool = MosaicSpool(layout.mosaic_spool(app.frame_cache), app.frame_cache)
-        # Of a source on object storage, the images the catalogue reads are kept for the shards to copy.
-        copies = MediaCopies(layout.media_copies(source.name)) if source.on_object_store else None
-        validator = MediaValidator(app.frame_cache.num_frames, check_log, spool, source.max_image_pixels, copies)
-        read_mark = layout.catalog_read_mark(source.name)
-        if context.run.tags.get(FORCE_TAG) == "true":
-            read_mark.unlink(missing_ok=True)  # `run --force` reads every record again
-        summary = write_catalog(
-            source, path, app.sample.text_key, validator, step_processes(),
-            progress=progress.update,
-            excluded=fingerprints.excluded,
-            read_mark=read_mark,
-            settings=reading_settings(source, fingerprints.versions["sample_catalog"]),
-            before=before,
-        )
-        chunks = plan_chunks(path, source.chunk_rows)
-        chunks.save(layout.chunk_plan(source.name))
-        published = vlm_config.publish(context, "sample_catalog")
-    return summary, validator, chunks, published
+    check_log = MediaCheckLog(layout.media_checks(source.name))
+    # The validating decode also renders each video's frame-cache mosaic, for the plan and shards to take.
+    spool = MosaicSpool(layout.mosaic_spool(app.frame_cache), app.frame_cache)
+    # Of a source on object storage, the images the catalogue reads are kept for the shards to copy.
+    copies = MediaCopies(layout.media_copies(source.name)) if source.on_object_store else None
+    validator = MediaValidator(app.frame_cache.num_frames, check_log, spool, source.max_image_pixels, copies)
+    read_mark = layout.catalog_read_mark(source.name)
+    if context.run.tags.get(FORCE_TAG) == "true":
+        read_mark.unlink(missing_ok=True)  # `run --force` reads every record again
+    summary = write_catalog(
+        source, path, app.sample.text_key, validator, step_processes(),
+        progress=progress.update,
+        excluded=fingerprints.excluded,
+        read_mark=read_mark,
+        settings=reading_settings(source, fingerprints.versions["sample_catalog"]),
+        before=before,
+    )
+    chunks = plan_chunks(path, source.chunk_rows)
+    chunks.save(layout.chunk_plan(source.name))
+    return summary, validator, chunks
 
 
 def _samples_for_length(frame: pd.DataFrame) -> list[SampleForLength]:
@@ -214,23 +209,21 @@ def _measure_lengths(context: dg.AssetExecutionContext, vlm_config: VlmConfig, s
     "kept for sample_lengths to assemble: a big source's chunks are measured side by side, on any worker, "
     "and a killed or appended build measures only the chunks it lacks.",
 )
-def sample_length_chunk(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+def sample_length_chunk(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> Built:
     source_name, index = split_chunk_partition(context.partition_key)
     source = vlm_config.source(source_name)
-    build = vlm_config.build(context)
-    with build.writing():
-        plan = ChunkPlan.load(vlm_config.layout.chunk_plan(source.name))
-        if plan is None:
-            raise dg.Failure(f"{source.name}: its catalogue has no chunk plan yet; build sample_catalog[{source.name}] first")
-        if index >= len(plan):
-            # A cell of the source × chunk grid past this source's last chunk (a bigger source made the index).
-            context.log.info(f"{source.name} has {plural(len(plan), 'chunk')}; chunk {index} holds no rows")
-            return dg.MaterializeResult(**build.result({"rows": 0, "source_chunks": len(plan)}))
-        rows = plan.row_range(index)
-        summary = _measure_lengths(context, vlm_config, source, None, rows,
-                                   reuse=context.run.tags.get(FORCE_TAG) != "true")
+    plan = ChunkPlan.load(vlm_config.layout.chunk_plan(source.name))
+    if plan is None:
+        raise dg.Failure(f"{source.name}: its catalogue has no chunk plan yet; build sample_catalog[{source.name}] first")
+    if index >= len(plan):
+        # A cell of the source × chunk grid past this source's last chunk (a bigger source made the index).
+        context.log.info(f"{source.name} has {plural(len(plan), 'chunk')}; chunk {index} holds no rows")
+        return Built({"rows": 0, "source_chunks": len(plan)})
+    rows = plan.row_range(index)
+    summary = _measure_lengths(context, vlm_config, source, None, rows,
+                               reuse=context.run.tags.get(FORCE_TAG) != "true")
     lengths = summary.ok_token_lens
-    return dg.MaterializeResult(**build.result({
+    return Built({
         "first_row": rows.start,
         "last_row": rows.stop - 1,
         "samples": summary.samples,
@@ -239,7 +232,7 @@ def sample_length_chunk(context: dg.AssetExecutionContext, vlm_config: VlmConfig
         "rows_reused": summary.reused_rows,
         "source_chunks": len(plan),
         "processes": summary.processes,
-    }))
+    })
 
 
 @spec_asset(
@@ -251,15 +244,13 @@ def sample_length_chunk(context: dg.AssetExecutionContext, vlm_config: VlmConfig
 )
 def sample_lengths(
     context: dg.AssetExecutionContext, vlm_config: VlmConfig, hf_processor: HFProcessor
-) -> dg.MaterializeResult:
+) -> Built:
     app = vlm_config.app
     source = vlm_config.source(context.partition_key)
-    build = vlm_config.build(context)
     path = vlm_config.layout.lengths(source.name)
-    with build.writing():
-        # Chunks measured by their own runs (sample_length_chunk, forced ones too) are taken from the
-        # store; any chunk not measured yet (a run of this asset alone) is measured here.
-        summary = _measure_lengths(context, vlm_config, source, path)
+    # Chunks measured by their own runs (sample_length_chunk, forced ones too) are taken from the
+    # store; any chunk not measured yet (a run of this asset alone) is measured here.
+    summary = _measure_lengths(context, vlm_config, source, path)
     profile = summary.profile
     assert profile is not None, "a source's whole table loads its processor"
     lengths = summary.ok_token_lens
@@ -270,7 +261,7 @@ def sample_lengths(
                        reason_table_md(reasons))
         context.log.warning(f"{source.name}: built empty, {left.why}; it adds nothing to the shards")
         empty = {"empty": left.why, "rejects_by_reason": dg.MetadataValue.md(reason_table_md(reasons))}
-    return dg.MaterializeResult(**build.result({
+    return Built({
         "path": dg.MetadataValue.path(str(path)),
         "samples": summary.samples,
         "ok": len(lengths),
@@ -290,7 +281,7 @@ def sample_lengths(
         "processor_fingerprint": hf_processor.fingerprint(),
         "transformers": transformers_version(),
         **empty,
-    }))
+    })
 
 
 @dg.asset_check(

@@ -5,7 +5,7 @@ import numpy as np
 
 from vlm_assets.dedup.decisions import COPIES, removed_kinds
 from vlm_assets.defs.resources import HEAVY_POOL, SOURCES_PARTITIONS, LoggedProgress, VlmConfig
-from vlm_assets.defs.spec_assets import spec_asset
+from vlm_assets.defs.spec_assets import Built, spec_asset
 from vlm_assets.package.writer import sha256_file
 from vlm_assets.packing.plan import packed_sample_ids
 from vlm_assets.parallel import step_processes
@@ -20,24 +20,22 @@ from vlm_assets.wording import plural
     description="Samples whose media and conversation duplicate a sample kept before them (this source or one "
     "of higher priority), exactly or nearly, each with the sample kept; the token lengths reject them with that reason.",
 )
-def sample_dedup(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+def sample_dedup(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> Built:
     # Imported here: datasketch imports SciPy, which every load of the definitions would pay for.
     from vlm_assets.dedup import build, report
     from vlm_assets.dedup.signatures import VideoFrames
 
     app, layout = vlm_config.app, vlm_config.layout
     source = vlm_config.source(context.partition_key)
-    step = vlm_config.build(context)
     fingerprints = vlm_config.fingerprints(context.instance)
     ahead, behind = fingerprints.dedup_ahead(source.name), fingerprints.dedup_behind(source.name)
     progress = LoggedProgress(context, "samples", lambda done, _total: f"{source.name}: {plural(done, 'signature')} computed")
-    with step.writing():
-        # packing.mode append: bins once written stay, so the samples in them are kept before any other.
-        # Not part of the fingerprint: what a packing adds to them was kept by these very decisions.
-        packed = {name: packed_sample_ids(layout.bins(name)) for name in [*ahead, source.name, *behind]} \
-            if app.packing.mode == "append" else None
-        outcome = build.deduplicate_source(layout, source.name, ahead, app.dedup, app.frame_cache, step_processes(),
-                                           progress.update, packed, behind)
+    # packing.mode append: bins once written stay, so the samples in them are kept before any other.
+    # Not part of the fingerprint: what a packing adds to them was kept by these very decisions.
+    packed = {name: packed_sample_ids(layout.bins(name)) for name in [*ahead, source.name, *behind]} \
+        if app.packing.mode == "append" else None
+    outcome = build.deduplicate_source(layout, source.name, ahead, app.dedup, app.frame_cache, step_processes(),
+                                       progress.update, packed, behind)
     decisions = outcome.decisions
     removed = decisions.removed
     context.log.info(
@@ -49,7 +47,7 @@ def sample_dedup(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
     media = build.first_media(layout, [source.name, *outcome.sources_ahead, *outcome.sources_behind],
                               {sample_id for removal in shown for sample_id in (removal.sample_id, removal.kept_id)})
     video_frames = VideoFrames(layout.mosaic_spool(app.frame_cache), app.frame_cache)
-    return dg.MaterializeResult(**step.result({
+    return Built({
         "path": dg.MetadataValue.path(str(layout.dedup(source.name))),
         "samples": decisions.examined,
         "removed": len(removed),
@@ -65,7 +63,7 @@ def sample_dedup(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg
         "signatures_computed_ahead": outcome.signatures_computed_ahead,
         "sources_ahead": dg.MetadataValue.json(outcome.sources_ahead),
         "sources_behind_with_packed_samples": dg.MetadataValue.json(outcome.sources_behind),
-    }, data_version=sha256_file(layout.dedup(source.name))[:20]))
+    }, data_version=sha256_file(layout.dedup(source.name))[:20])
 
 
 def _middle(frames: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ from vlm_assets.defs.resources import (
     register_partitions,
     step_progress,
 )
-from vlm_assets.defs.spec_assets import spec_asset
+from vlm_assets.defs.spec_assets import Built, spec_asset
 from vlm_assets.frames.index import write_index
 from vlm_assets.frames.plan import (
     PlannedVideo,
@@ -66,9 +66,8 @@ def plan_table_md(plan: list[PlannedVideo], limit: int = 10) -> str:
     "count, fps, sampled frame indices and (append-only) shard; registers the frame_cache_shards partitions. Videos the "
     "catalogue decoded are taken from its spool, the others probed.",
 )
-def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> Built:
     app = vlm_config.app
-    build = vlm_config.build(context)
     cache_dir = frame_cache_dir(vlm_config)
     videos: list[tuple[str, str]] = []
     missing: list[str] = []
@@ -89,12 +88,11 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
 
     # The plan is append-only: read, extend and write it as one writer, or two runs could each
     # append to the same old plan and one's videos would be lost.
-    with build.writing():
-        existing = read_plan(cache_dir)
-        spool = MosaicSpool(vlm_config.layout.mosaic_spool(app.frame_cache), app.frame_cache)
-        known = _known_frames(vlm_config, context.log)
-        plan, added = extend_plan(existing, videos, app.frame_cache, known, report, decoded=spool.sampled)
-        write_plan(cache_dir, plan)
+    existing = read_plan(cache_dir)
+    spool = MosaicSpool(vlm_config.layout.mosaic_spool(app.frame_cache), app.frame_cache)
+    known = _known_frames(vlm_config, context.log)
+    plan, added = extend_plan(existing, videos, app.frame_cache, known, report, decoded=spool.sampled)
+    write_plan(cache_dir, plan)
     orphans = spool.keep_only(video.ref for video in plan)
     if orphans:
         context.log.info(f"removed {plural(orphans, 'spooled mosaic')} of videos that are not in the plan")
@@ -102,7 +100,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     new_keys = register_partitions(context.instance, FRAME_CACHE_SHARD_PARTITIONS, shards)
     failed = sum(1 for video in plan if video.error)
     context.log.info(f"plan: {plural(len(plan), 'video')} ({added} new, {failed} unreadable) in {plural(len(shards), 'shard')}")
-    return dg.MaterializeResult(**build.result({
+    return Built({
         "videos": len(plan),
         "media_keys": sum(len(video.keys) for video in plan),
         "new_videos": added,
@@ -112,7 +110,7 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         "sources_without_lengths": dg.MetadataValue.json(missing),
         "path": dg.MetadataValue.path(str(cache_dir)),
         "latest_videos": dg.MetadataValue.md(plan_table_md(plan)),
-    }, data_version=plan_file_digest(cache_dir)))
+    }, data_version=plan_file_digest(cache_dir))
 
 
 @spec_asset(
@@ -121,13 +119,12 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     description="One frame-cache shard: part-NNNNN.tar of JPEG mosaics, then part-NNNNN.done.json. "
     "Mosaics the catalogue rendered are copied from its spool; the others are decoded here.",
 )
-def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> Built:
     settings = vlm_config.app.frame_cache
     cache_dir = frame_cache_dir(vlm_config)
     shard = context.partition_key
     # Taken before the plan is read: a plan extended in between then makes the next run rebuild
     # this shard, never call a shard built from fewer members up to date.
-    build = vlm_config.build(context)
     members = shard_members(read_plan(cache_dir)).get(shard)
     if not members:
         raise dg.Failure(f"{shard}: not in the plan at {cache_dir}; materialise video_frame_plan first")
@@ -142,12 +139,11 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
             context.log.info(f"{shard}: {done}/{len(members)} videos")
 
     started = time.perf_counter()
-    with build.writing():
-        spool = MosaicSpool(vlm_config.layout.mosaic_spool(settings), settings)
-        record, reused = ensure_shard(cache_dir, shard, members, settings, on_video=report, spool=spool)
+    spool = MosaicSpool(vlm_config.layout.mosaic_spool(settings), settings)
+    record, reused = ensure_shard(cache_dir, shard, members, settings, on_video=report, spool=spool)
     seconds = time.perf_counter() - started
     context.log.info(f"{shard}: {'reused' if reused else 'built'} — {len(record.entries)} cached, {len(record.failures)} failed")
-    return dg.MaterializeResult(**build.result({
+    return Built({
         "videos": len(members),
         "cached": len(record.entries),
         "failed": len(record.failures),
@@ -159,7 +155,7 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
         "failures": dg.MetadataValue.md(
             "\n".join(f"- `{failure.video_id}`: {failure.error}" for failure in record.failures) or "none"
         ),
-    }))
+    })
 
 
 @spec_asset(
@@ -167,16 +163,14 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
     automation_condition=FOLLOWS_UPSTREAM,
     description="index.jsonl (one row per media key with shard, byte offset and size), metadata.json, failures.jsonl.",
 )
-def frame_cache_index(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+def frame_cache_index(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> Built:
     cache_dir = frame_cache_dir(vlm_config)
-    build = vlm_config.build(context)
-    with build.writing():
-        plan = read_plan(cache_dir)
-        summary = write_index(cache_dir, plan, vlm_config.app.frame_cache)
+    plan = read_plan(cache_dir)
+    summary = write_index(cache_dir, plan, vlm_config.app.frame_cache)
     context.log.info(summary.line())
     if summary.shards_pending:
         context.log.warning(f"shards not built yet: {', '.join(summary.shards_pending)}")
-    return dg.MaterializeResult(**build.result({
+    return Built({
         "records": summary.records,
         "skipped": summary.skipped,
         "failed": summary.failed,
@@ -185,4 +179,4 @@ def frame_cache_index(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
         "shards_pending": dg.MetadataValue.json(summary.shards_pending),
         "summary": summary.line(),
         "path": dg.MetadataValue.path(str(cache_dir)),
-    }))
+    })

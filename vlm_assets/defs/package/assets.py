@@ -4,7 +4,7 @@ import dagster as dg
 
 from vlm_assets.atomic import remove_stale_temp_files
 from vlm_assets.defs.resources import HEAVY_POOL, VlmConfig
-from vlm_assets.defs.spec_assets import spec_asset
+from vlm_assets.defs.spec_assets import Built, spec_asset
 from vlm_assets.package.compression import COMPRESSIONS
 from vlm_assets.package.readiness import input_problems
 from vlm_assets.package.recipe import spec_from_config
@@ -29,7 +29,7 @@ def _roles_table(result: PackResult) -> str:
     "Refuses to run while a configured source has no shards or the frame cache misses planned videos. "
     "Byte-identical for identical inputs: the manifest's created_at is null unless $SOURCE_DATE_EPOCH is set.",
 )
-def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> dg.MaterializeResult:
+def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -> Built:
     """Write the package; its bytes depend only on the data and the `package:` settings.
 
     No wall-clock time goes in, so rematerialising unchanged inputs rewrites the
@@ -37,27 +37,25 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
     wants a timestamp sets $SOURCE_DATE_EPOCH; it becomes the manifest's created_at.
     """
     app, layout = vlm_config.app, vlm_config.layout
-    build = vlm_config.build(context)
     packages_dir = layout.packages
     spec = spec_from_config(app, warn=context.log.warning)
     target = layout.package_file(spec.name, spec.compress)
-    with build.writing():
-        problems = input_problems(app, layout)
-        if problems:
-            raise dg.Failure(
-                description="training_package: inputs are not ready, nothing written:\n" + "\n".join(f"- {p}" for p in problems),
-                metadata={"problems": dg.MetadataValue.json(problems)},
-            )
-        for stale in remove_stale_temp_files(packages_dir):
-            context.log.info(f"removed temp file of an interrupted run: {stale}")
-        result = write_package(spec, target, created_at=source_date_epoch(), log=context.log.info)
-        # Only one package per name: a file left by the other compression would be out of date.
-        for other in COMPRESSIONS:
-            old = layout.package_file(spec.name, other)
-            if old != target and old.exists():
-                old.unlink()
-                context.log.info(f"removed {old} (package now written as {spec.compress})")
-    return dg.MaterializeResult(**build.result({
+    problems = input_problems(app, layout)
+    if problems:
+        raise dg.Failure(
+            description="training_package: inputs are not ready, nothing written:\n" + "\n".join(f"- {p}" for p in problems),
+            metadata={"problems": dg.MetadataValue.json(problems)},
+        )
+    for stale in remove_stale_temp_files(packages_dir):
+        context.log.info(f"removed temp file of an interrupted run: {stale}")
+    result = write_package(spec, target, created_at=source_date_epoch(), log=context.log.info)
+    # Only one package per name: a file left by the other compression would be out of date.
+    for other in COMPRESSIONS:
+        old = layout.package_file(spec.name, other)
+        if old != target and old.exists():
+            old.unlink()
+            context.log.info(f"removed {old} (package now written as {spec.compress})")
+    return Built({
         "path": dg.MetadataValue.path(str(result.path)),
         "compress": spec.compress,
         "size_bytes": dg.MetadataValue.int(result.package_bytes),
@@ -68,4 +66,4 @@ def training_package(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         "roles": dg.MetadataValue.md(_roles_table(result)),
         "checksum_seconds": dg.MetadataValue.float(round(result.hash_seconds, 3)),
         "write_seconds": dg.MetadataValue.float(round(result.write_seconds, 3)),
-    }))
+    })
