@@ -86,8 +86,8 @@ def video_frame_plan(context: dg.AssetExecutionContext, vlm_config: VlmConfig) -
         if video.error:
             context.log.warning(f"{video.keys[0]}: {video.error}")
 
-    # The plan is append-only: read, extend and write it as one writer, or two runs could each
-    # append to the same old plan and one's videos would be lost.
+    # The plan is append-only: read, extend and write it as one writer (the spec's lock), or two runs
+    # could each append to the same old plan and one's videos would be lost.
     existing = read_plan(cache_dir)
     spool = MosaicSpool(vlm_config.layout.mosaic_spool(app.frame_cache), app.frame_cache)
     known = _known_frames(vlm_config, context.log)
@@ -123,8 +123,8 @@ def frame_cache_shard(context: dg.AssetExecutionContext, vlm_config: VlmConfig) 
     settings = vlm_config.app.frame_cache
     cache_dir = frame_cache_dir(vlm_config)
     shard = context.partition_key
-    # Taken before the plan is read: a plan extended in between then makes the next run rebuild
-    # this shard, never call a shard built from fewer members up to date.
+    # The fingerprint was taken before the plan is read (spec_asset): a plan extended in between then
+    # makes the next run rebuild this shard, never call a shard built from fewer members up to date.
     members = shard_members(read_plan(cache_dir)).get(shard)
     if not members:
         raise dg.Failure(f"{shard}: not in the plan at {cache_dir}; materialise video_frame_plan first")
