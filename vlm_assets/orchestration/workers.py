@@ -149,7 +149,10 @@ class WorkerPool:
         # The first submit forks every worker, before the executor starts its own thread; each then
         # opens the instance while this process goes on.
         for _ in range(self.count):
-            executor.submit(_load_code_location, self.config_path)
+            try:
+                executor.submit(_load_code_location, self.config_path)
+            except concurrent.futures.process.BrokenProcessPool:
+                break  # a worker could not start, and died before all were asked: the caller's submit says why
         self.workers = [child for child in multiprocessing.active_children() if child not in others]
         return executor
 
